@@ -1,0 +1,92 @@
+/*
+ * backend.h - the math ops every layer goes through, behind one opaque
+ * en_backend object (STYLE.md section 7). The CPU implementation
+ * (backend_cpu.c: OpenBLAS for GEMM, OpenMP for the rest) is the reference;
+ * a CUDA implementation of the same table comes with issue #6.
+ *
+ * Conventions:
+ *  - all tensors are float32, row-major, contiguous unless a stride is given;
+ *  - buffers passed to ops must come from en_backend_alloc of the same backend
+ *    (on the CPU any host memory works, which tests use);
+ *  - shapes use T (tokens), C (channels), H (heads), D (head dim),
+ *    V (vocab); sizes of 0 are allowed and do nothing;
+ *  - ops are not thread-safe on one backend object (they share its threads).
+ */
+#ifndef EN_BACKEND_H
+#define EN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct en_backend en_backend;
+
+typedef struct en_backend_config {
+    int n_threads; /* 0 = OpenMP / OpenBLAS default */
+} en_backend_config;
+
+en_backend_config en_backend_config_default(void);
+
+/* Create the CPU backend. Owns nothing passed in. */
+en_status en_backend_cpu_create(const en_backend_config *cfg, en_backend **out, en_err *err);
+/* Create the CUDA backend on device `dev`. Fails with EN_ERR_UNSUPPORTED and a
+ * clear message when the build has no CUDA or the machine has no GPU. */
+en_status en_backend_cuda_create(int dev, const en_backend_config *cfg, en_backend **out,
+                                 en_err *err);
+void en_backend_destroy(en_backend *be); /* NULL is a no-op */
+const char *en_backend_name(const en_backend *be);
+int en_backend_n_threads(const en_backend *be);
+
+/* Buffers. alloc returns NULL when out of memory; memory is zeroed. */
+void *en_backend_alloc(en_backend *be, size_t bytes);
+void en_backend_free(en_backend *be, void *buf); /* NULL is a no-op */
+void en_backend_upload(en_backend *be, void *dst, const void *host_src, size_t bytes);
+void en_backend_download(en_backend *be, void *host_dst, const void *src, size_t bytes);
+void en_backend_sync(en_backend *be);
+
+/* ---- ops (forward) ---- */
+
+/* y(M,N) = x(M,K) · w(N,K)^T + bias(N). bias may be NULL. y must not alias x. */
+void en_op_matmul(en_backend *be, float *y, const float *x, const float *w, const float *bias,
+                  int M, int N, int K);
+
+/* y(T,C) = x / sqrt(mean(x^2) + eps) * w(C). y may alias x. */
+void en_op_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps, int T,
+                   int C);
+
+/* Rotary position embedding in place, Hugging Face ("rotate_half") layout:
+ * within each head of size D, element i pairs with i + D/2 (D even), and the
+ * angle is pos[t] * theta^(-2i/D). x is (T, H, D) with rows of `row_stride`
+ * floats between tokens (row_stride >= H*D), so q/k inside a fused buffer
+ * work. */
+void en_op_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                size_t row_stride, float theta);
+
+/* y(T,C) = table[ids[t]] row copy. ids must be in [0, V): checked by caller. */
+void en_op_embedding(en_backend *be, float *y, const float *table, const int32_t *ids, int T,
+                     int C);
+
+/* y(n) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). y may alias gate. */
+void en_op_swiglu(en_backend *be, float *y, const float *gate, const float *up, size_t n);
+
+/* y(n) = a + b. y may alias a or b. */
+void en_op_add(en_backend *be, float *y, const float *a, const float *b, size_t n);
+
+/* Causal multi-head attention with grouped KV heads over a cache.
+ * q: (T, H, D) rows of q_stride floats; query t sits at position pos[t].
+ * k, v: (S, Hkv, D) rows of kv_stride floats, key s sits at position s.
+ * Query t attends keys s with s <= pos[t] and, when window > 0,
+ * s > pos[t] - window (Mistral sliding window). H must be a multiple of Hkv;
+ * query head h uses kv head h / (H/Hkv). Scale 1/sqrt(D).
+ * out: (T, H, D) contiguous. pos[t] < S for all t. */
+void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride,
+                     const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                     int T, int S, int H, int Hkv, int D, int window);
+
+/* Per-row negative log-likelihood: nll[t] = logsumexp(logits[t]) - logits[t][target[t]].
+ * logits (T, V). Rows whose target is < 0 get nll 0 (ignored positions). */
+void en_op_cross_entropy(en_backend *be, float *nll, const float *logits, const int32_t *target,
+                         int T, int V);
+
+#endif /* EN_BACKEND_H */
