@@ -1,0 +1,269 @@
+/*
+ * file.c - see file.h. POSIX I/O plus zlib for gzip and crc32.
+ */
+#include "file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static int has_suffix(const char *s, const char *suf) {
+    size_t n = strlen(s), m = strlen(suf);
+    return n >= m && strcmp(s + n - m, suf) == 0;
+}
+
+static en_status read_gz(const char *path, char **data, size_t *len, en_err *err) {
+    gzFile gz = gzopen(path, "rb");
+    if (!gz) return EN_ERR(err, EN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = en_malloc(cap + 1);
+    if (!buf) {
+        gzclose(gz);
+        return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
+    }
+    for (;;) {
+        if (n == cap) {
+            char *nb = en_realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                en_free(buf);
+                gzclose(gz);
+                return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        unsigned want = (unsigned)((cap - n) > (1u << 30) ? (1u << 30) : (cap - n));
+        int got = gzread(gz, buf + n, want);
+        if (got < 0) {
+            int zerr;
+            const char *msg = gzerror(gz, &zerr);
+            en_status s = EN_ERR(err, EN_ERR_FORMAT, "%s: corrupt gzip data: %s", path, msg);
+            en_free(buf);
+            gzclose(gz);
+            return s;
+        }
+        if (got == 0) {
+            /* gzread returns 0 both at a clean end and at a truncated
+             * stream; gzerror distinguishes them. */
+            int zerr = Z_OK;
+            const char *msg = gzerror(gz, &zerr);
+            if (zerr != Z_OK && zerr != Z_STREAM_END) {
+                en_status s = EN_ERR(err, EN_ERR_FORMAT, "%s: corrupt gzip data: %s", path, msg);
+                en_free(buf);
+                gzclose(gz);
+                return s;
+            }
+            break;
+        }
+        n += (size_t)got;
+    }
+    gzclose(gz);
+    buf[n] = 0;
+    *data = buf;
+    *len = n;
+    return EN_OK;
+}
+
+en_status en_file_read_all(const char *path, char **data, size_t *len, en_err *err) {
+    *data = NULL;
+    *len = 0;
+    if (has_suffix(path, ".gz")) return read_gz(path, data, len, err);
+    FILE *f = fopen(path, "rb");
+    if (!f) return EN_ERR(err, EN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return EN_ERR(err, EN_ERR_IO, "%s: not a regular file", path);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = en_malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, n);
+    }
+    if (n && fread(buf, 1, n, f) != n) {
+        en_free(buf);
+        fclose(f);
+        return EN_ERR(err, EN_ERR_IO, "%s: read failed", path);
+    }
+    fclose(f);
+    buf[n] = 0;
+    *data = buf;
+    *len = n;
+    return EN_OK;
+}
+
+en_status en_mmap_open(const char *path, en_mmap *m, en_err *err) {
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return EN_ERR(err, EN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return EN_ERR(err, EN_ERR_IO, "%s: not a regular file", path);
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return EN_ERR(err, EN_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+        }
+        m->data = p;
+        m->size = (size_t)st.st_size;
+    }
+    close(fd);
+    return EN_OK;
+}
+
+void en_mmap_close(en_mmap *m) {
+    if (m->data) munmap((void *)m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}
+
+static void fsync_dir_of(const char *path) {
+    char *copy = strdup(path);
+    if (!copy) return;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(copy);
+}
+
+en_status en_file_writer_open(en_file_writer *w, const char *path, en_err *err) {
+    memset(w, 0, sizeof *w);
+    size_t n = strlen(path) + 32;
+    w->path = en_malloc(strlen(path) + 1);
+    w->tmp_path = en_malloc(n);
+    if (!w->path || !w->tmp_path) {
+        en_free(w->path);
+        en_free(w->tmp_path);
+        return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
+    }
+    strcpy(w->path, path);
+    snprintf(w->tmp_path, n, "%s.tmp.%d", path, (int)getpid());
+    w->fp = fopen(w->tmp_path, "wb");
+    if (!w->fp) {
+        en_status s = EN_ERR(err, EN_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+        en_free(w->path);
+        en_free(w->tmp_path);
+        return s;
+    }
+    return EN_OK;
+}
+
+en_status en_file_writer_write(en_file_writer *w, const void *data, size_t len, en_err *err) {
+    if (w->failed) return EN_ERR(err, EN_ERR_IO, "%s: earlier write failed", w->path);
+    if (len && fwrite(data, 1, len, (FILE *)w->fp) != len) {
+        w->failed = 1;
+        return EN_ERR(err, EN_ERR_IO, "%s: write failed: %s", w->tmp_path, strerror(errno));
+    }
+    return EN_OK;
+}
+
+en_status en_file_writer_commit(en_file_writer *w, en_err *err) {
+    FILE *f = w->fp;
+    en_status s = EN_OK;
+    if (w->failed) s = EN_ERR(err, EN_ERR_IO, "%s: earlier write failed", w->path);
+    if (s == EN_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        s = EN_ERR(err, EN_ERR_IO, "%s: flush failed: %s", w->tmp_path, strerror(errno));
+    if (fclose(f) != 0 && s == EN_OK)
+        s = EN_ERR(err, EN_ERR_IO, "%s: close failed: %s", w->tmp_path, strerror(errno));
+    w->fp = NULL;
+    if (s == EN_OK && rename(w->tmp_path, w->path) != 0)
+        s = EN_ERR(err, EN_ERR_IO, "%s: rename failed: %s", w->path, strerror(errno));
+    if (s != EN_OK)
+        unlink(w->tmp_path);
+    else
+        fsync_dir_of(w->path);
+    en_free(w->path);
+    en_free(w->tmp_path);
+    return s;
+}
+
+void en_file_writer_abort(en_file_writer *w) {
+    if (w->fp) fclose((FILE *)w->fp);
+    w->fp = NULL;
+    if (w->tmp_path) unlink(w->tmp_path);
+    en_free(w->path);
+    en_free(w->tmp_path);
+}
+
+en_status en_file_write_atomic(const char *path, const void *data, size_t len, en_err *err) {
+    en_file_writer w;
+    EN_TRY(en_file_writer_open(&w, path, err));
+    en_status s = en_file_writer_write(&w, data, len, err);
+    if (s != EN_OK) {
+        en_file_writer_abort(&w);
+        return s;
+    }
+    return en_file_writer_commit(&w, err);
+}
+
+uint32_t en_crc32(uint32_t crc, const void *buf, size_t n) {
+    const uint8_t *p = buf;
+    uLong c = crc;
+    while (n) {
+        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        c = crc32(c, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return (uint32_t)c;
+}
+
+en_status en_mkdir_p(const char *path, en_err *err) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return EN_ERR(err, EN_ERR_ARG, "bad directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == 0) {
+            char c = buf[i];
+            buf[i] = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return EN_ERR(err, EN_ERR_IO, "%s: cannot create directory: %s", buf,
+                              strerror(errno));
+            buf[i] = c;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return EN_ERR(err, EN_ERR_IO, "%s: exists and is not a directory", path);
+    return EN_OK;
+}
+
+char *en_path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = en_malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t k = a;
+    if (a && dir[a - 1] != '/') p[k++] = '/';
+    memcpy(p + k, name, b + 1);
+    return p;
+}
+
+int en_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+en_status en_file_copy(const char *src, const char *dst, en_err *err) {
+    char *data;
+    size_t len;
+    EN_TRY(en_file_read_all(src, &data, &len, err));
+    en_status s = en_file_write_atomic(dst, data, len, err);
+    en_free(data);
+    return s;
+}

@@ -1,0 +1,59 @@
+/*
+ * file.h - files: whole-file reads (gzip transparently through zlib),
+ * read-only memory maps, atomic writes (temporary file, fsync, rename) and
+ * crc32. Every error names the path. Used by every layer above common/.
+ */
+#ifndef EN_FILE_H
+#define EN_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Read a whole file into memory (en_malloc, NUL-terminated for convenience;
+ * caller en_frees). A name ending in ".gz" is inflated with zlib.
+ * Errors: EN_ERR_IO (missing, unreadable), EN_ERR_FORMAT (corrupt gzip). */
+en_status en_file_read_all(const char *path, char **data, size_t *len, en_err *err);
+
+/* A read-only memory map of a whole file. */
+typedef struct en_mmap {
+    const uint8_t *data;
+    size_t size;
+} en_mmap;
+/* Map `path`. An empty file maps to data NULL, size 0. */
+en_status en_mmap_open(const char *path, en_mmap *m, en_err *err);
+void en_mmap_close(en_mmap *m); /* safe on a zeroed or closed map */
+
+/* Write `len` bytes to `path` atomically: `path.tmp.PID`, fsync, rename,
+ * fsync of the directory. On failure the old file (if any) is untouched. */
+en_status en_file_write_atomic(const char *path, const void *data, size_t len, en_err *err);
+
+/* A writer that streams to a temporary file and renames on commit. */
+typedef struct en_file_writer {
+    void *fp;
+    char *path;
+    char *tmp_path;
+    int failed;
+} en_file_writer;
+en_status en_file_writer_open(en_file_writer *w, const char *path, en_err *err);
+en_status en_file_writer_write(en_file_writer *w, const void *data, size_t len, en_err *err);
+en_status en_file_writer_commit(en_file_writer *w, en_err *err); /* fsync + rename */
+void en_file_writer_abort(en_file_writer *w); /* remove the temporary file */
+
+/* zlib crc32 of a buffer, chainable: crc = en_crc32(crc, buf, n), start at 0. */
+uint32_t en_crc32(uint32_t crc, const void *buf, size_t n);
+
+/* mkdir -p. EN_ERR_IO with the path on failure. */
+en_status en_mkdir_p(const char *path, en_err *err);
+
+/* Join a directory and a file name into a new en_malloc'd string (NULL on OOM). */
+char *en_path_join(const char *dir, const char *name);
+
+/* 1 when the path exists (file or directory). */
+int en_path_exists(const char *path);
+
+/* Copy a file (used to carry tokenizer files into a new model directory). */
+en_status en_file_copy(const char *src, const char *dst, en_err *err);
+
+#endif /* EN_FILE_H */

@@ -1,0 +1,168 @@
+/* cli.c - see cli.h. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/file.h"
+
+void en_cli_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "energon %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+int en_cli_flag(int argc, char **argv, int *i, const char *flag, const char **val, int *bad) {
+    const char *a = argv[*i];
+    size_t n = strlen(flag);
+    if (strncmp(a, flag, n) != 0) return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n] != 0) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "energon: %s needs a value\n", flag);
+        *bad = 1;
+        return 1;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+int en_cli_switch(char **argv, int i, const char *flag) { return strcmp(argv[i], flag) == 0; }
+
+int en_cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end) {
+        en_cli_error(cmd, "%s: '%s' is not an integer", flag, s);
+        return 0;
+    }
+    if (v < lo || v > hi) {
+        en_cli_error(cmd, "%s: %ld is out of range [%ld, %ld]", flag, v, lo, hi);
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+int en_cli_float(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                 float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) {
+        en_cli_error(cmd, "%s: '%s' is not a number", flag, s);
+        return 0;
+    }
+    if (v < lo || v > hi) {
+        en_cli_error(cmd, "%s: %g is out of range [%g, %g]", flag, v, lo, hi);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+int en_cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') {
+        en_cli_error(cmd, "%s: '%s' is not a non-negative integer", flag, s);
+        return 0;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}
+
+int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
+                     int *bad) {
+    const char *v;
+    if (en_cli_flag(argc, argv, i, "--model", &v, bad)) {
+        o->dir = v;
+        return 1;
+    }
+    if (en_cli_flag(argc, argv, i, "--device", &v, bad)) {
+        if (!*bad && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
+            en_cli_error(cmd, "--device: '%s' is not one of cpu, cuda", v);
+            *bad = 1;
+        }
+        o->device = v;
+        return 1;
+    }
+    if (en_cli_flag(argc, argv, i, "--threads", &v, bad)) {
+        if (!*bad && !en_cli_int(cmd, "--threads", v, 1, 1024, &o->n_threads)) *bad = 1;
+        return 1;
+    }
+    return 0;
+}
+
+int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
+    memset(out, 0, sizeof *out);
+    en_err err = {0};
+    if (!o->dir) {
+        en_cli_error(cmd, "--model DIR is required");
+        return EN_EXIT_USAGE;
+    }
+    en_backend_config bc = en_backend_config_default();
+    bc.n_threads = o->n_threads;
+    en_status s;
+    if (o->device && strcmp(o->device, "cuda") == 0)
+        s = en_backend_cuda_create(0, &bc, &out->be, &err);
+    else
+        s = en_backend_cpu_create(&bc, &out->be, &err);
+    if (s != EN_OK) {
+        en_cli_error(cmd, "%s", err.msg);
+        return EN_EXIT_ERROR;
+    }
+    if (o->need_tokenizer) {
+        char *tp = en_path_join(o->dir, "tokenizer.model");
+        if (!tp || !en_path_exists(tp)) {
+            en_cli_error(cmd, "%s: no tokenizer.model in the model directory", o->dir);
+            en_free(tp);
+            en_cli_unload(out);
+            return EN_EXIT_ERROR;
+        }
+        s = en_tokenizer_create(tp, &out->tok, &err);
+        en_free(tp);
+        if (s != EN_OK) {
+            en_cli_error(cmd, "%s", err.msg);
+            en_cli_unload(out);
+            return EN_EXIT_ERROR;
+        }
+    }
+    en_model_params mp = en_model_params_default();
+    mp.backend = out->be;
+    s = en_model_load(o->dir, &mp, &out->model, &err);
+    if (s != EN_OK) {
+        en_cli_error(cmd, "%s", err.msg);
+        en_cli_unload(out);
+        return EN_EXIT_ERROR;
+    }
+    if (out->tok) {
+        const en_model_hparams *hp = en_model_get_hparams(out->model);
+        if (en_tokenizer_n_vocab(out->tok) > hp->n_vocab) {
+            en_cli_error(cmd, "%s: tokenizer.model has %d pieces but the model's vocab_size is %d",
+                         o->dir, en_tokenizer_n_vocab(out->tok), hp->n_vocab);
+            en_cli_unload(out);
+            return EN_EXIT_ERROR;
+        }
+    }
+    return EN_EXIT_OK;
+}
+
+void en_cli_unload(en_cli_model *cm) {
+    en_model_destroy(cm->model);
+    en_tokenizer_destroy(cm->tok);
+    en_backend_destroy(cm->be);
+    memset(cm, 0, sizeof *cm);
+}

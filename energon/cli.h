@@ -1,0 +1,58 @@
+/*
+ * cli.h - helpers shared by the energon subcommands: flag parsing that names
+ * the flag in every error, loading a model directory with its tokenizer, and
+ * exit codes (0 ok, 1 runtime error, 2 usage error).
+ */
+#ifndef EN_CLI_H
+#define EN_CLI_H
+
+#include <stdint.h>
+
+#include "../common/backend.h"
+#include "../models/model.h"
+#include "../tokenizer/tokenizer.h"
+
+#define EN_EXIT_OK 0
+#define EN_EXIT_ERROR 1
+#define EN_EXIT_USAGE 2
+
+/* Match argv[*i] against `flag` ("--x VALUE" or "--x=VALUE"). On a match,
+ * *val gets the value, *i advances past it and 1 is returned; a missing value
+ * prints an error and sets *bad. */
+int en_cli_flag(int argc, char **argv, int *i, const char *flag, const char **val, int *bad);
+/* Match a boolean switch ("--json"). */
+int en_cli_switch(char **argv, int i, const char *flag);
+
+/* Parse numbers; on error print "energon CMD: FLAG: ..." and return 0. */
+int en_cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out);
+int en_cli_float(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                 float *out);
+int en_cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
+
+/* Print "energon CMD: message" to stderr. */
+void en_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A loaded model: backend, weights and tokenizer (tokenizer.model in dir). */
+typedef struct en_cli_model {
+    en_backend *be;
+    en_model *model;
+    en_tokenizer *tok;
+} en_cli_model;
+
+typedef struct en_cli_load_opts {
+    const char *dir;
+    const char *device; /* "cpu" (default) or "cuda" */
+    int n_threads;      /* 0 = default */
+    int need_tokenizer;
+} en_cli_load_opts;
+
+/* Load; prints the error and returns EN_EXIT_ERROR on failure. */
+int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out);
+void en_cli_unload(en_cli_model *cm);
+
+/* Common flags of model commands (--model, --device, --threads). Returns 1
+ * when argv[*i] was one of them. */
+int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
+                     int *bad);
+
+#endif

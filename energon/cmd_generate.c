@@ -1,0 +1,270 @@
+/*
+ * cmd_generate.c - `energon generate`: continue a prompt, streaming the new
+ * text to stdout as it is produced. The prompt is processed as one batch
+ * (prefill), then tokens are decoded one at a time and sampled with the
+ * core's sampler; stop strings are matched across token boundaries and never
+ * printed.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../models/sampler.h"
+#include "../tokenizer/stop.h"
+#include "cli.h"
+
+#define CMD "generate"
+#define MAX_STOPS 16
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: energon generate --model DIR --prompt TEXT [options]\n"
+            "\n"
+            "Continue TEXT with the model in DIR (a Hugging Face directory with\n"
+            "tokenizer.model) and stream the continuation to stdout.\n"
+            "\n"
+            "  --max-tokens N      tokens to generate (default 128)\n"
+            "  --temperature T     0 = greedy and deterministic (default 1.0)\n"
+            "  --top-k K           sample from the K most likely tokens (0 = off)\n"
+            "  --top-p P           nucleus sampling, P in (0, 1] (default 1)\n"
+            "  --seed S            random seed (default 0)\n"
+            "  --stop STR          stop before STR (repeatable, up to %d)\n"
+            "  --ctx N             context size in tokens (default: model maximum, <= 4096)\n"
+            "  --no-bos            do not prepend the BOS token\n"
+            "  --ignore-eos        keep going past the end-of-sequence token\n"
+            "  --json              print one JSON object {text, ids, prompt_tokens,\n"
+            "                      finish_reason} instead of streaming\n"
+            "  --threads N         CPU threads\n"
+            "  --device cpu|cuda   compute device (default cpu)\n",
+            MAX_STOPS);
+}
+
+/* Where generated text goes: stdout as it comes, or a buffer for --json. */
+typedef struct out_sink {
+    int to_buffer;
+    char *buf;
+    size_t len, cap;
+} out_sink;
+
+static int sink_write(out_sink *o, const char *s, size_t n) {
+    if (!n) return 1;
+    if (!o->to_buffer) {
+        fwrite(s, 1, n, stdout);
+        fflush(stdout);
+        return 1;
+    }
+    if (o->len + n + 1 > o->cap) {
+        size_t nc = (o->cap ? o->cap * 2 : 256) + n;
+        char *nb = realloc(o->buf, nc);
+        if (!nb) return 0;
+        o->buf = nb;
+        o->cap = nc;
+    }
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+    return 1;
+}
+
+int en_cmd_generate(int argc, char **argv) {
+    en_cli_load_opts lo = {0};
+    lo.need_tokenizer = 1;
+    const char *prompt = NULL;
+    const char *stops[MAX_STOPS];
+    int n_stops = 0, max_tokens = 128, n_ctx = 0, no_bos = 0, ignore_eos = 0, json_out = 0;
+    en_sampler_config sc = en_sampler_config_default();
+    int bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v;
+        if (en_cli_switch(argv, i, "--help") || en_cli_switch(argv, i, "-h")) {
+            usage(stdout);
+            return EN_EXIT_OK;
+        } else if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
+        } else if (en_cli_flag(argc, argv, &i, "--prompt", &v, &bad)) {
+            prompt = v;
+        } else if (en_cli_flag(argc, argv, &i, "--max-tokens", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-tokens", v, 0, 1 << 24, &max_tokens)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--temperature", &v, &bad)) {
+            if (!bad && !en_cli_float(CMD, "--temperature", v, 0, 100, &sc.temperature)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--top-k", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--top-k", v, 0, 1 << 30, &sc.top_k)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--top-p", &v, &bad)) {
+            if (!bad && !en_cli_float(CMD, "--top-p", v, 1e-6, 1, &sc.top_p)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--seed", &v, &bad)) {
+            if (!bad && !en_cli_u64(CMD, "--seed", v, &sc.seed)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--stop", &v, &bad)) {
+            if (!bad && n_stops == MAX_STOPS) {
+                en_cli_error(CMD, "--stop: at most %d stop strings", MAX_STOPS);
+                bad = 1;
+            } else if (!bad) {
+                stops[n_stops++] = v;
+            }
+        } else if (en_cli_flag(argc, argv, &i, "--ctx", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--ctx", v, 1, 1 << 24, &n_ctx)) bad = 1;
+        } else if (en_cli_switch(argv, i, "--no-bos")) {
+            no_bos = 1;
+        } else if (en_cli_switch(argv, i, "--ignore-eos")) {
+            ignore_eos = 1;
+        } else if (en_cli_switch(argv, i, "--json")) {
+            json_out = 1;
+        } else {
+            en_cli_error(CMD, "unknown argument '%s' (see energon generate --help)", argv[i]);
+            bad = 1;
+        }
+    }
+    if (bad) return EN_EXIT_USAGE;
+    if (!prompt) {
+        en_cli_error(CMD, "--prompt TEXT is required (see energon generate --help)");
+        return EN_EXIT_USAGE;
+    }
+    if (!lo.dir) {
+        en_cli_error(CMD, "--model DIR is required (see energon generate --help)");
+        return EN_EXIT_USAGE;
+    }
+
+    en_cli_model cm;
+    int rc = en_cli_load(CMD, &lo, &cm);
+    if (rc) return rc;
+    en_err err = {0};
+    en_ctx *ctx = NULL;
+    en_sampler *smp = NULL;
+    en_detok *dt = NULL;
+    en_stop *stop = NULL;
+    int32_t *ids = NULL, *out_ids = NULL;
+    float *logits = NULL;
+    out_sink sink = {0};
+    size_t n_prompt = 0;
+    int n_gen = 0;
+    const char *finish = "length";
+    sink.to_buffer = json_out;
+    rc = EN_EXIT_ERROR;
+    const en_model_hparams *hp = en_model_get_hparams(cm.model);
+
+    if (en_tokenizer_encode(cm.tok, prompt, strlen(prompt), !no_bos, &ids, &n_prompt, &err)) {
+        en_cli_error(CMD, "--prompt: %s", err.msg);
+        goto done;
+    }
+    if (n_prompt == 0) {
+        en_cli_error(CMD, "--prompt: empty prompt and --no-bos leave nothing to continue");
+        rc = EN_EXIT_USAGE;
+        goto done;
+    }
+    en_ctx_params cp = en_ctx_params_default();
+    cp.n_ctx = n_ctx;
+    if (en_ctx_create(cm.model, &cp, &ctx, &err)) {
+        en_cli_error(CMD, "--ctx: %s", err.msg);
+        goto done;
+    }
+    int cap = en_ctx_n_ctx(ctx);
+    if ((int64_t)n_prompt >= cap) {
+        en_cli_error(CMD, "--prompt: the prompt is %zu tokens but the context holds %d "
+                          "(use a shorter prompt or a larger --ctx)",
+                     n_prompt, cap);
+        goto done;
+    }
+    if ((int64_t)n_prompt + max_tokens > cap) {
+        int fit = cap - (int)n_prompt;
+        fprintf(stderr, "energon generate: note: --max-tokens %d does not fit the context of %d "
+                        "after a %zu-token prompt; generating at most %d\n",
+                max_tokens, cap, n_prompt, fit);
+        max_tokens = fit;
+    }
+    if (en_sampler_create(&sc, hp->n_vocab, &smp, &err) ||
+        en_detok_create(cm.tok, &dt, &err) || en_stop_create(stops, n_stops, &stop, &err)) {
+        en_cli_error(CMD, "%s", err.msg);
+        goto done;
+    }
+    logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    out_ids = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
+    if (!logits || !out_ids) {
+        en_cli_error(CMD, "out of memory");
+        goto done;
+    }
+    double t0 = en_time_now();
+    if (en_model_forward(ctx, ids, (int)n_prompt, logits, 0, &err)) {
+        en_cli_error(CMD, "%s", err.msg);
+        goto done;
+    }
+    double t_prefill = en_time_now() - t0;
+    int eos = en_tokenizer_eos(cm.tok);
+    double t1 = en_time_now();
+    for (n_gen = 0; n_gen < max_tokens;) {
+        int32_t id = en_sampler_sample(smp, logits);
+        en_sampler_accept(smp, id);
+        if (id == eos && !ignore_eos) {
+            finish = "stop";
+            break;
+        }
+        out_ids[n_gen++] = id;
+        const char *piece, *emit;
+        size_t plen, elen;
+        if (en_detok_push(dt, id, &piece, &plen, &err)) {
+            en_cli_error(CMD, "%s", err.msg);
+            goto done;
+        }
+        int stopped = en_stop_push(stop, piece, plen, &emit, &elen);
+        if (!sink_write(&sink, emit, elen)) {
+            en_cli_error(CMD, "out of memory");
+            goto done;
+        }
+        if (stopped) {
+            finish = "stop";
+            break;
+        }
+        if (n_gen == max_tokens) break;
+        if (en_model_forward(ctx, &id, 1, logits, 0, &err)) {
+            en_cli_error(CMD, "%s", err.msg);
+            goto done;
+        }
+    }
+    double t_decode = en_time_now() - t1;
+    if (strcmp(finish, "stop") != 0) {
+        /* Release what the decoder (an unfinished UTF-8 tail) and the stop
+         * matcher (a possible stop-string prefix) still hold. */
+        const char *piece, *emit;
+        size_t plen, elen;
+        en_detok_flush(dt, &piece, &plen, &err);
+        if (en_stop_push(stop, piece, plen, &emit, &elen)) finish = "stop";
+        int ok = sink_write(&sink, emit, elen);
+        if (strcmp(finish, "stop") != 0) {
+            en_stop_flush(stop, &emit, &elen);
+            ok = ok && sink_write(&sink, emit, elen);
+        }
+        if (!ok) {
+            en_cli_error(CMD, "out of memory");
+            goto done;
+        }
+    }
+    if (json_out) {
+        json_t *o = json_object();
+        json_object_set_new(o, "text", json_stringn(sink.buf ? sink.buf : "", sink.len));
+        json_t *arr = json_array();
+        for (int i = 0; i < n_gen; i++) json_array_append_new(arr, json_integer(out_ids[i]));
+        json_object_set_new(o, "ids", arr);
+        json_object_set_new(o, "prompt_tokens", json_integer((json_int_t)n_prompt));
+        json_object_set_new(o, "finish_reason", json_string(finish));
+        char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        json_decref(o);
+        if (s) printf("%s\n", s);
+        free(s);
+    } else {
+        printf("\n");
+    }
+    fflush(stdout);
+    fprintf(stderr, "energon generate: prompt %zu tokens in %.3f s (%.1f tok/s), generated %d "
+                    "tokens in %.3f s (%.1f tok/s), finish: %s\n",
+            n_prompt, t_prefill, t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, n_gen,
+            t_decode, t_decode > 0 ? n_gen / t_decode : 0.0, finish);
+    rc = EN_EXIT_OK;
+done:
+    free(sink.buf);
+    free(logits);
+    free(out_ids);
+    en_free(ids);
+    en_stop_destroy(stop);
+    en_detok_destroy(dt);
+    en_sampler_destroy(smp);
+    en_ctx_destroy(ctx);
+    en_cli_unload(&cm);
+    return rc;
+}

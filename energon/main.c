@@ -1,0 +1,69 @@
+/*
+ * main.c - the energon binary: dispatch to subcommands. Each subcommand
+ * parses its own flags (en_cmd_*), prints errors that name the flag, file or
+ * field, and returns 0 on success, 1 on a runtime error, 2 on a usage error.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/status.h"
+#include "cli.h"
+
+int en_cmd_generate(int argc, char **argv);
+int en_cmd_eval(int argc, char **argv);
+int en_cmd_bench(int argc, char **argv);
+int en_cmd_convert(int argc, char **argv);
+int en_cmd_tokenizer(int argc, char **argv);
+
+#define ENERGON_VERSION "0.1.0"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} k_cmds[] = {
+    {"generate", en_cmd_generate, "continue a prompt with a model"},
+    {"eval", en_cmd_eval, "negative log-likelihood and perplexity on a text file"},
+    {"bench", en_cmd_bench, "measure decode / prefill throughput"},
+    {"convert", en_cmd_convert, "convert a llama2.c checkpoint to a Hugging Face directory"},
+    {"tokenizer", en_cmd_tokenizer, "train, encode and decode with SentencePiece models"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "energon %s - fine-tuning and serving toolkit\n\nusage: energon COMMAND [options]\n\n"
+               "commands:\n",
+            ENERGON_VERSION);
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        fprintf(f, "  %-10s %s\n", k_cmds[i].name, k_cmds[i].help);
+    fprintf(f, "\nRun 'energon COMMAND --help' for the options of a command.\n");
+}
+
+static void log_sink(en_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level >= EN_LOG_WARN)
+        fprintf(stderr, "energon: %s: %s\n", level == EN_LOG_WARN ? "warning" : "error", msg);
+    else
+        fprintf(stderr, "energon: %s\n", msg);
+}
+
+int main(int argc, char **argv) {
+    en_log_set_sink(log_sink, NULL, EN_LOG_INFO);
+    if (argc < 2) {
+        usage(stderr);
+        return EN_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return EN_EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+        printf("energon %s\n", ENERGON_VERSION);
+        return EN_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        if (strcmp(cmd, k_cmds[i].name) == 0) return k_cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "energon: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return EN_EXIT_USAGE;
+}

@@ -1,0 +1,376 @@
+/*
+ * model.c - load a Hugging Face model directory into one parameter
+ * allocation, and the inference context (KV cache + scratch) around the
+ * forward pass in layers_llama.c.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/file.h"
+#include "../common/safetensors.h"
+#include "model_impl.h"
+
+en_model_params en_model_params_default(void) {
+    en_model_params p = {0};
+    return p;
+}
+
+en_ctx_params en_ctx_params_default(void) {
+    en_ctx_params p = {0, 0};
+    return p;
+}
+
+/* The safetensors files of a directory: model.safetensors, or the shards
+ * named by model.safetensors.index.json ("weight_map": name -> file). */
+typedef struct shard_set {
+    en_st_file *files;
+    int n;
+} shard_set;
+
+static void shards_close(shard_set *ss) {
+    for (int i = 0; i < ss->n; i++) en_st_close(&ss->files[i]);
+    en_free(ss->files);
+    ss->n = 0;
+}
+
+static en_status shards_open(const char *dir, shard_set *ss, en_err *err) {
+    memset(ss, 0, sizeof *ss);
+    char *single = en_path_join(dir, "model.safetensors");
+    char *index = en_path_join(dir, "model.safetensors.index.json");
+    en_status s = EN_OK;
+    json_t *root = NULL;
+    char *text = NULL;
+    if (!single || !index) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (en_path_exists(single)) {
+        ss->files = en_calloc(1, sizeof(en_st_file));
+        if (!ss->files) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        s = en_st_open(single, &ss->files[0], err);
+        if (s == EN_OK) ss->n = 1;
+        goto done;
+    }
+    if (!en_path_exists(index)) {
+        s = EN_ERR(err, EN_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json",
+                   dir);
+        goto done;
+    }
+    size_t len;
+    s = en_file_read_all(index, &text, &len, err);
+    if (s != EN_OK) goto done;
+    json_error_t jerr;
+    root = json_loadb(text, len, 0, &jerr);
+    json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(wm)) {
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: missing object 'weight_map'", index);
+        goto done;
+    }
+    /* Distinct shard file names, in order of first appearance. */
+    size_t cap = json_object_size(wm);
+    ss->files = en_calloc(cap ? cap : 1, sizeof(en_st_file));
+    const char **names = en_calloc(cap ? cap : 1, sizeof(char *));
+    if (!ss->files || !names) {
+        en_free(names);
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    int n_names = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        if (!json_is_string(val)) {
+            en_free(names);
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: weight_map['%s'] is not a file name", index, key);
+            goto done;
+        }
+        const char *fn = json_string_value(val);
+        if (strchr(fn, '/')) {
+            en_free(names);
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: shard name '%s' must be a plain file name",
+                       index, fn);
+            goto done;
+        }
+        int seen = 0;
+        for (int i = 0; i < n_names; i++) seen |= strcmp(names[i], fn) == 0;
+        if (!seen) names[n_names++] = fn;
+    }
+    for (int i = 0; i < n_names && s == EN_OK; i++) {
+        char *p = en_path_join(dir, names[i]);
+        if (!p) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+            break;
+        }
+        s = en_st_open(p, &ss->files[ss->n], err);
+        if (s == EN_OK) ss->n++;
+        en_free(p);
+    }
+    en_free(names);
+done:
+    if (root) json_decref(root);
+    en_free(text);
+    en_free(single);
+    en_free(index);
+    if (s != EN_OK) shards_close(ss);
+    return s;
+}
+
+static const en_st_tensor *shards_find(const shard_set *ss, const char *name, const char **file) {
+    for (int i = 0; i < ss->n; i++) {
+        const en_st_tensor *t = en_st_find(&ss->files[i], name);
+        if (t) {
+            *file = ss->files[i].path;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+en_status en_model_load(const char *dir, const en_model_params *params, en_model **out,
+                        en_err *err) {
+    *out = NULL;
+    if (!params || !params->backend) return EN_ERR(err, EN_ERR_ARG, "en_model_load: no backend");
+    en_status s;
+    char *cfg_path = en_path_join(dir, "config.json");
+    char *cfg_text = NULL;
+    size_t cfg_len = 0;
+    shard_set ss = {0};
+    float *staging = NULL;
+    en_model *m = en_calloc(1, sizeof *m);
+    if (!cfg_path || !m) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    m->be = params->backend;
+    s = en_file_read_all(cfg_path, &cfg_text, &cfg_len, err);
+    if (s != EN_OK) goto fail;
+    s = en_model_hparams_parse(cfg_text, cfg_len, cfg_path, &m->hp, err);
+    if (s != EN_OK) goto fail;
+    m->layers = en_calloc((size_t)m->hp.n_layer, sizeof(en_layer_w));
+    if (!m->layers) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    s = en_model_layout(&m->hp, &m->specs, &m->n_specs, &m->n_params, m->layers, &m->tok_embd,
+                        &m->out_norm, &m->lm_head, err);
+    if (s != EN_OK) goto fail;
+    s = shards_open(dir, &ss, err);
+    if (s != EN_OK) goto fail;
+
+    /* Check every tensor before allocating the weights: a wrong checkpoint
+     * fails fast and names the tensor. */
+    size_t max_elem = 0;
+    for (int i = 0; i < m->n_specs; i++) {
+        const en_param_spec *sp = &m->specs[i];
+        const char *file = NULL;
+        const en_st_tensor *t = shards_find(&ss, sp->name, &file);
+        if (!t) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing from the checkpoint", dir,
+                       sp->name);
+            goto fail;
+        }
+        int shape_ok = t->n_dims == sp->n_dims && t->shape[0] == sp->shape[0] &&
+                       (sp->n_dims == 1 || t->shape[1] == sp->shape[1]);
+        if (!shape_ok) {
+            char got[128] = "", want[64];
+            size_t k = 0;
+            for (int d = 0; d < t->n_dims && k < sizeof got - 24; d++)
+                k += (size_t)snprintf(got + k, sizeof got - k, "%s%lld", d ? ", " : "",
+                                      (long long)t->shape[d]);
+            if (sp->n_dims == 1)
+                snprintf(want, sizeof want, "%lld", (long long)sp->shape[0]);
+            else
+                snprintf(want, sizeof want, "%lld, %lld", (long long)sp->shape[0],
+                         (long long)sp->shape[1]);
+            s = EN_ERR(err, EN_ERR_FORMAT,
+                       "%s: tensor '%s' has shape [%s] but config.json implies [%s]", file,
+                       sp->name, got, want);
+            goto fail;
+        }
+        if (t->dtype != EN_DTYPE_F32 && t->dtype != EN_DTYPE_F16 && t->dtype != EN_DTYPE_BF16) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' has dtype %s (need F32, F16 or BF16)",
+                       file, sp->name, en_dtype_name(t->dtype));
+            goto fail;
+        }
+        if (sp->n_elem > max_elem) max_elem = sp->n_elem;
+    }
+
+    m->params = en_backend_alloc(m->be, m->n_params * sizeof(float));
+    staging = en_malloc(max_elem * sizeof(float));
+    if (!m->params || !staging) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
+        goto fail;
+    }
+    for (int i = 0; i < m->n_specs; i++) {
+        en_param_spec *sp = &m->specs[i];
+        const char *file = NULL;
+        const en_st_tensor *t = shards_find(&ss, sp->name, &file);
+        s = en_st_to_f32(t, staging, err);
+        if (s != EN_OK) goto fail;
+        en_backend_upload(m->be, m->params + sp->offset, staging, sp->n_elem * sizeof(float));
+        *sp->slot = m->params + sp->offset;
+    }
+    if (m->hp.tie_embeddings) m->lm_head = m->tok_embd;
+    en_free(staging);
+    shards_close(&ss);
+    en_free(cfg_text);
+    en_free(cfg_path);
+    *out = m;
+    return EN_OK;
+fail:
+    en_free(staging);
+    shards_close(&ss);
+    en_free(cfg_text);
+    en_free(cfg_path);
+    en_model_destroy(m);
+    return s;
+}
+
+void en_model_destroy(en_model *m) {
+    if (!m) return;
+    if (m->params) en_backend_free(m->be, m->params);
+    en_free(m->specs);
+    en_free(m->layers);
+    en_free(m);
+}
+
+const en_model_hparams *en_model_get_hparams(const en_model *m) { return &m->hp; }
+
+size_t en_model_param_bytes(const en_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_specs; i++) n += m->specs[i].n_elem;
+    return n * sizeof(float);
+}
+
+float *en_model_param(en_model *m, const char *name, size_t *n_elem) {
+    for (int i = 0; i < m->n_specs; i++)
+        if (strcmp(m->specs[i].name, name) == 0) {
+            if (n_elem) *n_elem = m->specs[i].n_elem;
+            return m->params + m->specs[i].offset;
+        }
+    return NULL;
+}
+
+/* ---- context ---- */
+
+en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_err *err) {
+    *out = NULL;
+    const en_model_hparams *hp = &m->hp;
+    en_ctx_params d = p ? *p : en_ctx_params_default();
+    if (d.n_ctx < 0 || d.n_batch < 0)
+        return EN_ERR(err, EN_ERR_ARG, "context size and batch must not be negative");
+    if (d.n_ctx == 0) d.n_ctx = hp->max_pos < 4096 ? hp->max_pos : 4096;
+    if (d.n_ctx > hp->max_pos)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "context size %d exceeds the model's max_position_embeddings %d", d.n_ctx,
+                      hp->max_pos);
+    if (d.n_batch == 0) d.n_batch = 256;
+    if (d.n_batch > d.n_ctx) d.n_batch = d.n_ctx;
+    en_ctx *c = en_calloc(1, sizeof *c);
+    if (!c) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->n_ctx = d.n_ctx;
+    c->n_batch = d.n_batch;
+    en_backend *be = m->be;
+    size_t kvd = (size_t)hp->n_kv_head * hp->head_dim;
+    size_t qd = (size_t)hp->n_head * hp->head_dim;
+    size_t B = (size_t)d.n_batch, C = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    size_t cache = (size_t)hp->n_layer * (size_t)d.n_ctx * kvd * sizeof(float);
+    c->k_cache = en_backend_alloc(be, cache);
+    c->v_cache = en_backend_alloc(be, cache);
+    c->x = en_backend_alloc(be, B * C * sizeof(float));
+    c->xn = en_backend_alloc(be, B * C * sizeof(float));
+    c->q = en_backend_alloc(be, B * qd * sizeof(float));
+    c->att = en_backend_alloc(be, B * (qd > C ? qd : C) * sizeof(float));
+    c->gate = en_backend_alloc(be, B * F * sizeof(float));
+    c->up = en_backend_alloc(be, B * F * sizeof(float));
+    c->pos = en_malloc(B * sizeof(int32_t));
+    c->logits = en_malloc(B * (size_t)hp->n_vocab * sizeof(float));
+    c->nll = en_malloc(B * sizeof(float));
+    if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->att || !c->gate || !c->up ||
+        !c->pos || !c->logits || !c->nll) {
+        en_ctx_destroy(c);
+        return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a context of %d tokens (%zu MiB KV)",
+                      d.n_ctx, 2 * cache >> 20);
+    }
+    *out = c;
+    return EN_OK;
+}
+
+void en_ctx_destroy(en_ctx *c) {
+    if (!c) return;
+    en_backend *be = c->m->be;
+    en_backend_free(be, c->k_cache);
+    en_backend_free(be, c->v_cache);
+    en_backend_free(be, c->x);
+    en_backend_free(be, c->xn);
+    en_backend_free(be, c->q);
+    en_backend_free(be, c->att);
+    en_backend_free(be, c->gate);
+    en_backend_free(be, c->up);
+    en_free(c->pos);
+    en_free(c->logits);
+    en_free(c->nll);
+    en_free(c);
+}
+
+void en_ctx_reset(en_ctx *c) { c->n_past = 0; }
+int en_ctx_n_past(const en_ctx *c) { return c->n_past; }
+int en_ctx_n_ctx(const en_ctx *c) { return c->n_ctx; }
+
+en_status en_model_forward(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits,
+                           en_err *err) {
+    const en_model_hparams *hp = &c->m->hp;
+    if (n < 0) return EN_ERR(err, EN_ERR_ARG, "negative token count");
+    if (n == 0) return EN_OK;
+    if ((int64_t)c->n_past + n > c->n_ctx)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "%d tokens do not fit the context: %d already cached, capacity %d",
+                      n, c->n_past, c->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= hp->n_vocab)
+            return EN_ERR(err, EN_ERR_ARG, "token id %d at index %d is outside [0, %d)", ids[i],
+                          i, hp->n_vocab);
+    for (int done = 0; done < n; done += c->n_batch) {
+        int chunk = n - done < c->n_batch ? n - done : c->n_batch;
+        int last = done + chunk == n;
+        float *lg = NULL;
+        if (logits && all_logits)
+            lg = logits + (size_t)done * hp->n_vocab;
+        else if (logits && last)
+            lg = logits;
+        en_llama_forward_chunk(c, ids + done, chunk, lg, all_logits);
+    }
+    return EN_OK;
+}
+
+en_status en_model_score(en_ctx *c, const int32_t *ids, int n, double *nll_sum, int *n_scored,
+                         en_err *err) {
+    *nll_sum = 0;
+    *n_scored = 0;
+    en_ctx_reset(c);
+    if (n < 2) return EN_OK;
+    const int V = c->m->hp.n_vocab;
+    if (n > c->n_ctx)
+        return EN_ERR(err, EN_ERR_ARG, "sequence of %d tokens exceeds the context %d", n,
+                      c->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return EN_ERR(err, EN_ERR_ARG, "token id %d at index %d is outside [0, %d)", ids[i],
+                          i, V);
+    double sum = 0;
+    /* Tokens [0, n-1) are inputs; token t+1 is the target of input t. */
+    for (int done = 0; done < n - 1; done += c->n_batch) {
+        int chunk = (n - 1) - done < c->n_batch ? (n - 1) - done : c->n_batch;
+        EN_TRY(en_model_forward(c, ids + done, chunk, c->logits, 1, err));
+        en_op_cross_entropy(c->m->be, c->nll, c->logits, ids + done + 1, chunk, V);
+        for (int t = 0; t < chunk; t++) sum += c->nll[t];
+    }
+    *nll_sum = sum;
+    *n_scored = n - 1;
+    return EN_OK;
+}

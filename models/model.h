@@ -1,0 +1,104 @@
+/*
+ * model.h - the transformer core: model families and their configs, weights
+ * (loaded from Hugging Face directories into one allocation), the forward pass
+ * with a KV cache, and scoring. Front ends (energon CLI, finetune/, serve/)
+ * call this; it calls only the backend op table (common/backend.h).
+ *
+ * Supported families (models/config.c holds the one table that describes
+ * them): llama, mistral (optional sliding window), qwen2 (q/k/v bias). All
+ * share one forward pass (models/layers_llama.c); a new family is a new row
+ * in that table plus, at most, a layer variant.
+ *
+ * Not here yet: backward pass (#3), tensor parallel sharding (#4), batched
+ * decode over a paged cache (#5).
+ */
+#ifndef EN_MODEL_H
+#define EN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/backend.h"
+#include "../common/status.h"
+
+/* Hyper-parameters in effect, read from config.json. */
+typedef struct en_model_hparams {
+    char model_type[32]; /* "llama", "mistral", "qwen2" */
+    int n_vocab;         /* V */
+    int n_embd;          /* C, hidden_size */
+    int n_layer;
+    int n_head;          /* H */
+    int n_kv_head;       /* Hkv (GQA when < H) */
+    int head_dim;        /* D (usually C / H) */
+    int n_ff;            /* intermediate_size */
+    int max_pos;         /* max_position_embeddings */
+    float rope_theta;
+    float norm_eps;
+    int tie_embeddings;  /* lm_head shares embed_tokens */
+    int qkv_bias;        /* q/k/v projections have bias (qwen2; llama attention_bias) */
+    int o_bias;          /* o projection has bias (llama attention_bias) */
+    int sliding_window;  /* 0 = full causal attention */
+    int bos_id, eos_id;  /* from config.json; -1 when absent */
+} en_model_hparams;
+
+/* Parse config.json text. `path` is only used in messages. Unknown
+ * model_type, missing or non-positive sizes, heads that do not divide, and
+ * rope scaling variants we do not implement are EN_ERR_FORMAT naming the
+ * field. */
+en_status en_model_hparams_parse(const char *json_text, size_t len, const char *path,
+                                 en_model_hparams *hp, en_err *err);
+
+/* Number of parameters (float32 elements) of a model with these
+ * hyper-parameters, as laid out in the single parameter allocation. */
+size_t en_model_n_params(const en_model_hparams *hp);
+
+typedef struct en_model en_model;
+
+typedef struct en_model_params {
+    en_backend *backend; /* borrowed; must outlive the model */
+} en_model_params;
+en_model_params en_model_params_default(void);
+
+/* Load a Hugging Face model directory: config.json plus model.safetensors or
+ * the shards of model.safetensors.index.json (F32, F16 or BF16; converted to
+ * float32). Every tensor is checked for presence and shape; errors name the
+ * file and the tensor. */
+en_status en_model_load(const char *dir, const en_model_params *params, en_model **out,
+                        en_err *err);
+void en_model_destroy(en_model *m); /* NULL is a no-op */
+const en_model_hparams *en_model_get_hparams(const en_model *m);
+size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per token */
+
+/* Borrowed pointer to a named parameter (Hugging Face name) and its element
+ * count, or NULL. For tests and exporters. */
+float *en_model_param(en_model *m, const char *name, size_t *n_elem);
+
+/* ---- inference context: KV cache plus activation scratch ----
+ * One context holds one sequence. Not thread-safe; one per thread. */
+typedef struct en_ctx en_ctx;
+typedef struct en_ctx_params {
+    int n_ctx;   /* cache capacity in tokens; 0 = min(max_pos, 4096) */
+    int n_batch; /* tokens per forward chunk (prefill); 0 = 256 */
+} en_ctx_params;
+en_ctx_params en_ctx_params_default(void);
+/* Borrows m. All memory is allocated here; forward never allocates. */
+en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_err *err);
+void en_ctx_destroy(en_ctx *c);
+void en_ctx_reset(en_ctx *c);      /* forget the cached sequence */
+int en_ctx_n_past(const en_ctx *c); /* tokens in the cache */
+int en_ctx_n_ctx(const en_ctx *c);
+
+/* Run tokens ids[0..n) at positions n_past.. and append them to the cache.
+ * logits: NULL, or (1, V) for the last token when all_logits == 0, or (n, V)
+ * for every token when all_logits != 0. Ids out of [0, V) or a cache
+ * overflow are EN_ERR_ARG with a message; the cache is unchanged then. */
+en_status en_model_forward(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits,
+                           en_err *err);
+
+/* Score a token sequence: sum of -log p(ids[t] | ids[<t]) for t >= 1 over a
+ * fresh cache (reset first). ids[0] is context only. Sequences longer than
+ * n_ctx are an error (callers window them). *n_scored = n - 1. */
+en_status en_model_score(en_ctx *c, const int32_t *ids, int n, double *nll_sum, int *n_scored,
+                         en_err *err);
+
+#endif /* EN_MODEL_H */
