@@ -1,0 +1,253 @@
+/*
+ * test_model_logits.c - the Llama-family forward pass against Hugging Face
+ * transformers. For each tiny random model in tests/fixtures/hf/ (written by
+ * tests/gen/gen_hf_fixtures.py) we load the checkpoint on the CPU backend
+ * and check, against the float32 eager-attention logits of transformers:
+ *   (a) one forward over all tokens with all_logits,
+ *   (b) a context with n_batch 7: a chunked prefill of the first K tokens
+ *       (several chunks) with all_logits, then one-token decode steps,
+ *   (c) en_model_score's nll against a float64 log-softmax of the reference,
+ *   (d) determinism: a second full run gives bit-identical logits.
+ * (a) and (b) must be within 1e-4 max relative error (max|diff| / max|ref|);
+ * the figure is printed per model.
+ *
+ * logits.bin format (version 1, little-endian, no padding):
+ *     char     magic[4]    "ENFX"
+ *     uint32   version     1
+ *     uint32   n_tokens    T
+ *     uint32   n_vocab     V
+ *     int32    ids[T]
+ *     float32  logits[T*V] row t = logits after ids[0..t]
+ *
+ * Usage: test_model_logits [fixtures_dir]   (default EN_FIXTURES "/hf")
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../models/model.h"
+#include "test_util.h"
+
+#ifndef EN_FIXTURES
+#error "EN_FIXTURES must name the tests/fixtures folder"
+#endif
+
+#define REL_TOL 1e-4
+#define N_BATCH 7   /* chunk size of run (b): 20 tokens -> chunks 7, 7, 3 */
+#define N_PREFILL 17 /* run (b) prefills this many tokens, then decodes */
+
+static const char *const k_models[] = {
+    "llama_mha", "llama_gqa_tied", "mistral", "qwen2", "llama_bf16", "llama_f16",
+};
+
+typedef struct fixture {
+    int T, V;
+    int32_t *ids;  /* (T) */
+    float *logits; /* (T, V) */
+    void *buf;
+} fixture;
+
+static uint32_t rd_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Read logits.bin; returns 0 and prints why on a malformed file. */
+static int fixture_read(const char *path, fixture *fx) {
+    memset(fx, 0, sizeof *fx);
+    size_t len = 0;
+    unsigned char *b = en_test_read_file(path, &len);
+    if (!b) {
+        fprintf(stderr, "%s: cannot read\n", path);
+        return 0;
+    }
+    if (len < 16 || memcmp(b, "ENFX", 4) != 0 || rd_u32(b + 4) != 1) {
+        fprintf(stderr, "%s: bad magic or version\n", path);
+        free(b);
+        return 0;
+    }
+    uint32_t T = rd_u32(b + 8), V = rd_u32(b + 12);
+    if (T == 0 || V == 0 || T > 4096 || V > (1u << 20) ||
+        len != 16 + 4 * (size_t)T + 4 * (size_t)T * V) {
+        fprintf(stderr, "%s: bad sizes T=%u V=%u for %zu bytes\n", path, T, V, len);
+        free(b);
+        return 0;
+    }
+    fx->T = (int)T;
+    fx->V = (int)V;
+    fx->ids = malloc((size_t)T * sizeof(int32_t));
+    fx->logits = malloc((size_t)T * V * sizeof(float));
+    if (!fx->ids || !fx->logits) {
+        free(fx->ids);
+        free(fx->logits);
+        free(b);
+        return 0;
+    }
+    /* Fixtures are little-endian; so are all hosts we build for. */
+    memcpy(fx->ids, b + 16, (size_t)T * sizeof(int32_t));
+    memcpy(fx->logits, b + 16 + 4 * (size_t)T, (size_t)T * V * sizeof(float));
+    free(b);
+    return 1;
+}
+
+static void fixture_free(fixture *fx) {
+    free(fx->ids);
+    free(fx->logits);
+    memset(fx, 0, sizeof *fx);
+}
+
+/* Sum over t >= 1 of -log softmax(ref[t-1])[ids[t]], in float64. */
+static double ref_nll(const fixture *fx) {
+    double sum = 0;
+    for (int t = 0; t + 1 < fx->T; t++) {
+        const float *row = fx->logits + (size_t)t * fx->V;
+        double mx = -INFINITY;
+        for (int j = 0; j < fx->V; j++)
+            if (row[j] > mx) mx = row[j];
+        double se = 0;
+        for (int j = 0; j < fx->V; j++) se += exp((double)row[j] - mx);
+        sum += mx + log(se) - (double)row[fx->ids[t + 1]];
+    }
+    return sum;
+}
+
+/* Compare got against the reference; prints the figure and, on failure,
+ * the first mismatching values. Returns the max relative error. */
+static double check_logits(const char *model, const char *run, const float *got,
+                           const float *ref, size_t n) {
+    double e = en_test_max_rel_err(got, ref, n);
+    printf("  %-15s %-28s max rel err %.3e\n", model, run, e);
+    char name[96];
+    snprintf(name, sizeof name, "%s %s", model, run);
+    CHECK(e <= REL_TOL, "%s: max rel err %.3e > %g", name, e, REL_TOL);
+    if (!(e <= REL_TOL)) {
+        double maxref = 0;
+        for (size_t i = 0; i < n; i++)
+            if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+        en_test_close_f32(name, got, ref, n, REL_TOL * maxref, 0); /* prints mismatches */
+    }
+    return e;
+}
+
+/* Run one fixture model. Returns the worst max relative error of (a), (b). */
+static double run_model(const char *root, const char *name, en_backend *be) {
+    char dir[1024], path[1100];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    snprintf(path, sizeof path, "%s/logits.bin", dir);
+    double worst = INFINITY;
+    fixture fx;
+    if (!fixture_read(path, &fx)) {
+        CHECK(0, "%s: fixture unreadable", name);
+        return worst;
+    }
+    const int T = fx.T, V = fx.V;
+    const size_t TV = (size_t)T * V;
+    en_model *m = NULL;
+    en_ctx *c_full = NULL, *c_chunk = NULL;
+    float *full = calloc(TV, sizeof(float));
+    float *full2 = calloc(TV, sizeof(float));
+    float *inc = calloc(TV, sizeof(float));
+    if (!full || !full2 || !inc) {
+        CHECK(0, "out of memory");
+        goto done;
+    }
+    en_err err = {0};
+    en_model_params mp = en_model_params_default();
+    mp.backend = be;
+    en_status s = en_model_load(dir, &mp, &m, &err);
+    CHECK(s == EN_OK, "%s: en_model_load: %s", name, err.msg);
+    if (s != EN_OK) goto done;
+    const en_model_hparams *hp = en_model_get_hparams(m);
+    CHECK(hp->n_vocab == V, "%s: n_vocab %d, fixture %d", name, hp->n_vocab, V);
+    if (hp->n_vocab != V) goto done;
+    printf("%s: %s C=%d L=%d H=%d Hkv=%d D=%d F=%d V=%d theta=%g window=%d tied=%d bias=%d\n",
+           name, hp->model_type, hp->n_embd, hp->n_layer, hp->n_head, hp->n_kv_head,
+           hp->head_dim, hp->n_ff, hp->n_vocab, (double)hp->rope_theta, hp->sliding_window,
+           hp->tie_embeddings, hp->qkv_bias);
+
+    /* (a) one forward over every token */
+    en_ctx_params cp = en_ctx_params_default();
+    s = en_ctx_create(m, &cp, &c_full, &err);
+    CHECK(s == EN_OK, "%s: en_ctx_create: %s", name, err.msg);
+    if (s != EN_OK) goto done;
+    s = en_model_forward(c_full, fx.ids, T, full, 1, &err);
+    CHECK(s == EN_OK, "%s: forward: %s", name, err.msg);
+    CHECK(en_ctx_n_past(c_full) == T, "%s: n_past %d after %d tokens", name,
+          en_ctx_n_past(c_full), T);
+    double ea = check_logits(name, "(a) full, all_logits", full, fx.logits, TV);
+
+    /* (b) n_batch 7: chunked prefill of N_PREFILL tokens, then decode */
+    cp.n_batch = N_BATCH;
+    s = en_ctx_create(m, &cp, &c_chunk, &err);
+    CHECK(s == EN_OK, "%s: en_ctx_create(n_batch %d): %s", name, N_BATCH, err.msg);
+    if (s != EN_OK) goto done;
+    int K = N_PREFILL < T ? N_PREFILL : T - 1;
+    s = en_model_forward(c_chunk, fx.ids, K, inc, 1, &err);
+    CHECK(s == EN_OK, "%s: chunked prefill: %s", name, err.msg);
+    for (int t = K; t < T && s == EN_OK; t++) {
+        s = en_model_forward(c_chunk, fx.ids + t, 1, inc + (size_t)t * V, 0, &err);
+        CHECK(s == EN_OK, "%s: decode step %d: %s", name, t, err.msg);
+    }
+    CHECK(en_ctx_n_past(c_chunk) == T, "%s: n_past %d after decode", name,
+          en_ctx_n_past(c_chunk));
+    char run[64];
+    snprintf(run, sizeof run, "(b) n_batch %d + decode", N_BATCH);
+    double eb = check_logits(name, run, inc, fx.logits, TV);
+    /* last-token logits of a chunked prefill (all_logits 0) */
+    en_ctx_reset(c_chunk);
+    s = en_model_forward(c_chunk, fx.ids, T, inc, 0, &err);
+    CHECK(s == EN_OK, "%s: chunked forward, last logits: %s", name, err.msg);
+    double el = check_logits(name, "(b) n_batch 7, last row", inc,
+                             fx.logits + (size_t)(T - 1) * V, (size_t)V);
+    worst = ea > eb ? ea : eb;
+    if (el > worst) worst = el;
+
+    /* (c) score: nll against float64 log-softmax of the reference */
+    double nll = 0;
+    int n_scored = 0;
+    s = en_model_score(c_chunk, fx.ids, T, &nll, &n_scored, &err);
+    CHECK(s == EN_OK, "%s: score: %s", name, err.msg);
+    double want = ref_nll(&fx);
+    double nll_rel = fabs(nll - want) / fabs(want);
+    printf("  %-15s %-28s nll %.6f want %.6f rel err %.3e\n", name, "(c) en_model_score", nll,
+           want, nll_rel);
+    CHECK(n_scored == T - 1, "%s: n_scored %d", name, n_scored);
+    CHECK(nll_rel <= REL_TOL, "%s: nll %.9g want %.9g (rel %.3e)", name, nll, want, nll_rel);
+
+    /* (d) determinism: a fresh run gives the same bits */
+    en_ctx_reset(c_full);
+    s = en_model_forward(c_full, fx.ids, T, full2, 1, &err);
+    CHECK(s == EN_OK, "%s: second forward: %s", name, err.msg);
+    CHECK(memcmp(full, full2, TV * sizeof(float)) == 0,
+          "%s: two identical runs gave different logits", name);
+
+done:
+    en_ctx_destroy(c_chunk);
+    en_ctx_destroy(c_full);
+    en_model_destroy(m);
+    free(full);
+    free(full2);
+    free(inc);
+    fixture_free(&fx);
+    return worst;
+}
+
+int main(int argc, char **argv) {
+    const char *root = argc > 1 ? argv[1] : EN_FIXTURES "/hf";
+    en_backend_config bc = en_backend_config_default();
+    bc.n_threads = 2;
+    en_backend *be = NULL;
+    en_err err = {0};
+    if (en_backend_cpu_create(&bc, &be, &err) != EN_OK) {
+        fprintf(stderr, "en_backend_cpu_create: %s\n", err.msg);
+        return 1;
+    }
+    double res[sizeof k_models / sizeof k_models[0]];
+    size_t n_models = sizeof k_models / sizeof k_models[0];
+    for (size_t i = 0; i < n_models; i++) res[i] = run_model(root, k_models[i], be);
+    printf("summary (max rel err of runs a and b, tolerance %g):\n", REL_TOL);
+    for (size_t i = 0; i < n_models; i++)
+        printf("  %-15s %.3e %s\n", k_models[i], res[i], res[i] <= REL_TOL ? "ok" : "FAIL");
+    en_backend_destroy(be);
+    return en_test_finish("test_model_logits");
+}
