@@ -119,8 +119,16 @@ static en_status parse(json_t *root, const char *path, en_model_hparams *hp, en_
         return EN_ERR(err, EN_ERR_FORMAT,
                       "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                       path, hp->n_head, hp->n_kv_head);
+    /* transformers >= 5 writes "rope_parameters": {"rope_theta", "rope_type"}
+     * instead of the top-level rope_theta / rope_scaling; read either. */
     double theta, eps;
-    EN_TRY(get_opt_num(root, "rope_theta", path, 10000.0, &theta, err));
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (rp && !json_is_null(rp) && !json_is_object(rp))
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: field 'rope_parameters' must be an object", path);
+    if (json_is_object(rp) && json_object_get(rp, "rope_theta"))
+        EN_TRY(get_opt_num(rp, "rope_theta", path, 10000.0, &theta, err));
+    else
+        EN_TRY(get_opt_num(root, "rope_theta", path, 10000.0, &theta, err));
     EN_TRY(get_opt_num(root, "rms_norm_eps", path, 1e-6, &eps, err));
     if (!(theta > 0) || !(eps > 0) || eps > 1)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: rope_theta and rms_norm_eps must be positive",
@@ -148,10 +156,11 @@ static en_status parse(json_t *root, const char *path, en_model_hparams *hp, en_
                           hp->model_type);
     }
     json_t *rs = json_object_get(root, "rope_scaling");
+    if (!rs || json_is_null(rs)) rs = json_is_object(rp) ? rp : NULL;
     if (rs && !json_is_null(rs)) {
         json_t *t = json_object_get(rs, "rope_type");
         if (!t) t = json_object_get(rs, "type");
-        const char *tn = json_is_string(t) ? json_string_value(t) : "?";
+        const char *tn = json_is_string(t) ? json_string_value(t) : "default";
         if (strcmp(tn, "default") != 0)
             return EN_ERR(err, EN_ERR_UNSUPPORTED,
                           "%s: rope_scaling type '%s' is not supported yet", path, tn);
