@@ -734,7 +734,8 @@ int main(void) {
         printf("%s: fixture checks (a)-(c) SKIPPED: no models under %s\n", NAME, EN_SHARED_DIR);
 
     /* Clean up the temp dir. */
-    const char *files[] = {"garbage.model", "empty.model", "tiny.model"};
+    const char *files[] = {"garbage.model", "empty.model", "tiny.model", "tiny-unigram.model",
+                           "corpus.txt"};
     char path[1200];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
