@@ -1,0 +1,116 @@
+/*
+ * backend.c - the public en_backend_* / en_op_* functions: they check the
+ * shapes once for every backend, return early when there is nothing to do
+ * (sizes of 0) and dispatch through the ops table of backend_impl.h.
+ *
+ * Checks here are EN_ASSERTs: the arguments come from layer code, not from
+ * users, and a wrong one would make a kernel read or write out of bounds.
+ * They cost O(T) at most, never O(T*C). Token ids for en_op_embedding are
+ * not checked here (the header leaves that to the caller, who knows V).
+ */
+#include "backend.h"
+
+#include "backend_impl.h"
+
+en_backend_config en_backend_config_default(void) {
+    en_backend_config cfg = {.n_threads = 0};
+    return cfg;
+}
+
+void en_backend_destroy(en_backend *be) {
+    if (!be) return;
+    be->ops->destroy(be);
+}
+
+const char *en_backend_name(const en_backend *be) { return be->name; }
+
+int en_backend_n_threads(const en_backend *be) { return be->n_threads; }
+
+/* ---- buffers ---- */
+
+void *en_backend_alloc(en_backend *be, size_t bytes) {
+    /* 0 bytes still gets a unique pointer, so NULL always means out of memory. */
+    return be->ops->alloc(be, bytes ? bytes : 1);
+}
+
+void en_backend_free(en_backend *be, void *buf) {
+    if (!buf) return;
+    be->ops->free(be, buf);
+}
+
+void en_backend_upload(en_backend *be, void *dst, const void *host_src, size_t bytes) {
+    if (bytes == 0) return;
+    be->ops->upload(be, dst, host_src, bytes);
+}
+
+void en_backend_download(en_backend *be, void *host_dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    be->ops->download(be, host_dst, src, bytes);
+}
+
+void en_backend_sync(en_backend *be) { be->ops->sync(be); }
+
+/* ---- ops ---- */
+
+void en_op_matmul(en_backend *be, float *y, const float *x, const float *w, const float *bias,
+                  int M, int N, int K) {
+    EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    EN_ASSERT(y != x);
+    be->ops->matmul(be, y, x, w, bias, M, N, K);
+}
+
+void en_op_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps, int T,
+                   int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    if (T == 0 || C == 0) return;
+    be->ops->rmsnorm(be, y, x, w, eps, T, C);
+}
+
+void en_op_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                size_t row_stride, float theta) {
+    EN_ASSERT(T >= 0 && H >= 0 && D >= 0);
+    if (T == 0 || H == 0 || D == 0) return;
+    EN_ASSERT(D % 2 == 0);
+    EN_ASSERT(row_stride >= (size_t)H * (size_t)D);
+    be->ops->rope(be, x, pos, T, H, D, row_stride, theta);
+}
+
+void en_op_embedding(en_backend *be, float *y, const float *table, const int32_t *ids, int T,
+                     int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    if (T == 0 || C == 0) return;
+    be->ops->embedding(be, y, table, ids, T, C);
+}
+
+void en_op_swiglu(en_backend *be, float *y, const float *gate, const float *up, size_t n) {
+    if (n == 0) return;
+    be->ops->swiglu(be, y, gate, up, n);
+}
+
+void en_op_add(en_backend *be, float *y, const float *a, const float *b, size_t n) {
+    if (n == 0) return;
+    be->ops->add(be, y, a, b, n);
+}
+
+void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride,
+                     const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                     int T, int S, int H, int Hkv, int D, int window) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
+    if (T == 0 || H == 0 || D == 0) return;
+    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
+    EN_ASSERT(q_stride >= (size_t)H * (size_t)D);
+    EN_ASSERT(kv_stride >= (size_t)Hkv * (size_t)D);
+    /* Every query then has at least one key (itself), so softmax never
+     * divides by zero. */
+    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
+    be->ops->attention(be, out, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D, window);
+}
+
+void en_op_cross_entropy(en_backend *be, float *nll, const float *logits, const int32_t *target,
+                         int T, int V) {
+    EN_ASSERT(T >= 0 && V >= 0);
+    if (T == 0) return;
+    for (int t = 0; t < T; t++) EN_ASSERT(target[t] < V);
+    be->ops->cross_entropy(be, nll, logits, target, T, V);
+}

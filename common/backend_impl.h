@@ -1,0 +1,56 @@
+/*
+ * backend_impl.h - private: the table of function pointers that a backend
+ * fills, and the layout of struct en_backend (STYLE.md section 7).
+ *
+ * backend.c checks arguments, returns early on empty sizes and then calls
+ * through this table, so an implementation may assume:
+ *  - every size it receives is > 0, except matmul's K and cross_entropy's
+ *    V, which may be 0 (then every target is < 0);
+ *  - the checks documented in backend.c have passed (H % Hkv == 0,
+ *    0 <= pos[t] < S, D even for rope, targets < V, ...).
+ * Implementations: backend_cpu.c (the reference) and, with issue #6,
+ * cuda/backend_cuda.cu. Only those files and backend.c include this header.
+ */
+#ifndef EN_BACKEND_IMPL_H
+#define EN_BACKEND_IMPL_H
+
+#include "backend.h"
+
+typedef struct en_backend_ops {
+    /* Frees the implementation's state and `be` itself. */
+    void (*destroy)(en_backend *be);
+
+    /* Buffers: same contracts as en_backend_alloc & co. in backend.h.
+     * alloc receives bytes >= 1 and returns zeroed memory or NULL. */
+    void *(*alloc)(en_backend *be, size_t bytes);
+    void (*free)(en_backend *be, void *buf);
+    void (*upload)(en_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(en_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*sync)(en_backend *be);
+
+    /* Ops: one entry per en_op_* with the same arguments and shapes. */
+    void (*matmul)(en_backend *be, float *y, const float *x, const float *w, const float *bias,
+                   int M, int N, int K);
+    void (*rmsnorm)(en_backend *be, float *y, const float *x, const float *w, float eps, int T,
+                    int C);
+    void (*rope)(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                 size_t row_stride, float theta);
+    void (*embedding)(en_backend *be, float *y, const float *table, const int32_t *ids, int T,
+                      int C);
+    void (*swiglu)(en_backend *be, float *y, const float *gate, const float *up, size_t n);
+    void (*add)(en_backend *be, float *y, const float *a, const float *b, size_t n);
+    void (*attention)(en_backend *be, float *out, const float *q, size_t q_stride,
+                      const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                      int T, int S, int H, int Hkv, int D, int window);
+    void (*cross_entropy)(en_backend *be, float *nll, const float *logits,
+                          const int32_t *target, int T, int V);
+} en_backend_ops;
+
+struct en_backend {
+    const en_backend_ops *ops; /* borrowed: a static const table */
+    const char *name;          /* static string: "cpu", "cuda" */
+    int n_threads;             /* host threads actually in effect (>= 1) */
+    void *ctx;                 /* owned: the implementation's state */
+};
+
+#endif /* EN_BACKEND_IMPL_H */
