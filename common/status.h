@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum en_status {
     EN_OK = 0,
     EN_ERR_NOMEM = -1,     /* an allocation failed */
@@ -96,5 +100,9 @@ size_t en_mem_current(void); /* live bytes */
 
 /* Monotonic wall clock in seconds. */
 double en_time_now(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* EN_STATUS_H */

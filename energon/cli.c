@@ -124,6 +124,14 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
         en_cli_error(cmd, "%s", err.msg);
         return EN_EXIT_ERROR;
     }
+    en_model_params mp = en_model_params_default();
+    mp.backend = out->be;
+    s = en_model_load(o->dir, &mp, &out->model, &err);
+    if (s != EN_OK) {
+        en_cli_error(cmd, "%s", err.msg);
+        en_cli_unload(out);
+        return EN_EXIT_ERROR;
+    }
     if (o->need_tokenizer) {
         char *tp = en_path_join(o->dir, "tokenizer.model");
         if (!tp || !en_path_exists(tp)) {
@@ -139,14 +147,6 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
             en_cli_unload(out);
             return EN_EXIT_ERROR;
         }
-    }
-    en_model_params mp = en_model_params_default();
-    mp.backend = out->be;
-    s = en_model_load(o->dir, &mp, &out->model, &err);
-    if (s != EN_OK) {
-        en_cli_error(cmd, "%s", err.msg);
-        en_cli_unload(out);
-        return EN_EXIT_ERROR;
     }
     if (out->tok) {
         const en_model_hparams *hp = en_model_get_hparams(out->model);
