@@ -13,11 +13,6 @@
  * avoid them by validating input here (UTF-8, id ranges, config values)
  * before calling in.
  */
-/* status.h has no extern "C" block of its own: give its functions C linkage
- * before tokenizer.h includes it (the include guard makes that a no-op). */
-extern "C" {
-#include "../common/status.h"
-}
 #include "tokenizer.h"
 
 #include <sentencepiece_processor.h>
