@@ -77,10 +77,100 @@ static float *cpu_scratch(cpu_ctx *c, size_t n) {
 
 /* ---- ops ---- */
 
+/* Dot product of two float rows. 32 independent partial sums let the
+ * compiler keep several vector accumulators in flight; target_clones builds
+ * AVX2+FMA and AVX-512 versions next to the baseline and picks one at load
+ * time, so the binary still runs on any x86-64. The order of operations is
+ * fixed, so the result does not depend on the thread count. */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#endif
+static float dot_f32(const float *a, const float *b, int K) {
+    float acc[16] = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[k + j] * b[k + j];
+    for (int j = 8; j > 0; j /= 2) /* pairwise: fixed order */
+        for (int i = 0; i < j; i++) acc[i] += acc[i + j];
+    float s = acc[0];
+    for (; k < K; k++) s += a[k] * b[k];
+    return s;
+}
+
+/* Four dot products of x with four w rows at once: each x element is loaded
+ * once for four rows, and four independent streams keep the memory system
+ * busy. Same fixed-order arithmetic as dot_f32 per row, so the results equal
+ * dot_f32's bit for bit. */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#endif
+static void dot4_f32(const float *x, const float *w0, const float *w1, const float *w2,
+                     const float *w3, int K, float *out) {
+    float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int j = 0; j < 16; j++) {
+            float xv = x[k + j];
+            a0[j] += xv * w0[k + j];
+            a1[j] += xv * w1[k + j];
+            a2[j] += xv * w2[k + j];
+            a3[j] += xv * w3[k + j];
+        }
+    for (int j = 8; j > 0; j /= 2)
+        for (int i = 0; i < j; i++) {
+            a0[i] += a0[i + j];
+            a1[i] += a1[i + j];
+            a2[i] += a2[i + j];
+            a3[i] += a3[i + j];
+        }
+    float s0 = a0[0], s1 = a1[0], s2 = a2[0], s3 = a3[0];
+    for (; k < K; k++) {
+        s0 += x[k] * w0[k];
+        s1 += x[k] * w1[k];
+        s2 += x[k] * w2[k];
+        s3 += x[k] * w3[k];
+    }
+    out[0] = s0;
+    out[1] = s1;
+    out[2] = s2;
+    out[3] = s3;
+}
+
+/* Few rows (decode): the product is bound by reading w once, and OpenBLAS's
+ * sgemm reaches a fraction of the memory bandwidth there. Split the N
+ * output columns (rows of w) across threads in blocks of four and stream
+ * each w row once for all M inputs. */
+#define CPU_GEMV_MAX_M 4
+
+static void matmul_small_m(en_backend *be, float *y, const float *x, const float *w, int M,
+                           int N, int K) {
+    const int NB = (N + 3) / 4;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
+    if ((size_t)N * (size_t)K >= CPU_PAR_MIN)
+    for (int nb = 0; nb < NB; nb++) {
+        int n = nb * 4;
+        if (n + 4 <= N) {
+            const float *wr = w + (size_t)n * K; /* (4, K) */
+            for (int m = 0; m < M; m++) {
+                float out[4];
+                dot4_f32(x + (size_t)m * K, wr, wr + K, wr + 2 * (size_t)K, wr + 3 * (size_t)K,
+                         K, out);
+                for (int i = 0; i < 4; i++) y[(size_t)m * N + n + i] = out[i];
+            }
+        } else {
+            for (; n < N; n++)
+                for (int m = 0; m < M; m++)
+                    y[(size_t)m * N + n] = dot_f32(x + (size_t)m * K, w + (size_t)n * K, K);
+        }
+    }
+}
+
 static void cpu_matmul(en_backend *be, float *y, const float *x, const float *w,
                        const float *bias, int M, int N, int K) {
     cpu_ctx *c = be->ctx;
-    if (K == 0) {
+    if (K > 0 && M <= CPU_GEMV_MAX_M) {
+        matmul_small_m(be, y, x, w, M, N, K);
+    } else if (K == 0) {
         /* x·w^T is all zeros; BLAS would reject lda = 0. */
         memset(y, 0, (size_t)M * (size_t)N * sizeof *y);
     } else {
