@@ -68,6 +68,13 @@ expect "no tokenizer" 1 "$B: no tokenizer.model" -- "$ENERGON" generate --model 
 B=$T/badtok; mkdir -p "$B"; cp "$M"/* "$B/"; echo "not a model" >"$B/tokenizer.model"
 expect "garbage tokenizer" 1 "$B/tokenizer.model" -- "$ENERGON" generate --model "$B" --prompt hi
 
+B=$T/shards; cp -r "$FIX/hf/llama_sharded" "$B"; cp "$M/tokenizer.model" "$B/"
+rm "$B/model-00003-of-00006.safetensors"
+expect "sharded: a shard is missing" 1 "$B/model-00003-of-00006.safetensors: cannot open" -- "$ENERGON" generate --model "$B" --prompt hi
+B=$T/badindex; cp -r "$FIX/hf/llama_sharded" "$B"
+echo '{"weight_map": {"model.norm.weight": "../../etc/passwd"}}' >"$B/model.safetensors.index.json"
+expect "sharded: index escapes the dir" 1 "must be a plain file name" -- "$ENERGON" generate --model "$B" --prompt hi
+
 # bad prompts
 expect "non-UTF-8 prompt" 1 "--prompt: " -- "$ENERGON" generate --model "$M" --prompt "$(printf 'caf\xe9 au lait')"
 long=$(for i in $(seq 1 40); do printf 'the quick brown fox '; done)

@@ -39,6 +39,7 @@
 
 static const char *const k_models[] = {
     "llama_mha", "llama_gqa_tied", "mistral", "qwen2", "llama_bf16", "llama_f16",
+    "llama_sharded",
 };
 
 typedef struct fixture {

@@ -86,7 +86,17 @@ def models():
          dict(vocab_size=320, hidden_size=64, intermediate_size=100, num_attention_heads=8,
               num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0,
               rms_norm_eps=1e-5), torch.float16),
+        # Saved in several shards with model.safetensors.index.json
+        # (SHARDED below), as large checkpoints are.
+        ("llama_sharded", LlamaConfig, LlamaForCausalLM,
+         dict(vocab_size=310, hidden_size=48, intermediate_size=92, num_attention_heads=4,
+              num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0,
+              rms_norm_eps=1e-5), torch.float32),
     ]
+
+
+# Models saved with this max_shard_size (several files plus an index).
+SHARDED = {"llama_sharded": "60KB"}
 
 
 def reinit(model, gen):
@@ -148,9 +158,16 @@ def make(name, cfg_cls, model_cls, kw, dtype, seed, out_root):
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        model.to(dtype).save_pretrained(tmp, safe_serialization=True)
+        kwargs = {"max_shard_size": SHARDED[name]} if name in SHARDED else {}
+        model.to(dtype).save_pretrained(tmp, safe_serialization=True, **kwargs)
         os.makedirs(out_dir)
-        for f in ("config.json", "model.safetensors"):
+        files = sorted(f for f in os.listdir(tmp)
+                       if f == "config.json" or f.endswith(".safetensors")
+                       or f == "model.safetensors.index.json")
+        if name in SHARDED:
+            shards = [f for f in files if f.endswith(".safetensors")]
+            assert len(shards) >= 3 and "model.safetensors.index.json" in files, files
+        for f in files:
             shutil.copy(os.path.join(tmp, f), os.path.join(out_dir, f))
 
     # Reference: load what was written (so BF16/F16 rounding is included),
