@@ -174,6 +174,16 @@ int en_cmd_generate(int argc, char **argv) {
         en_cli_error(CMD, "%s", err.msg);
         goto done;
     }
+    /* Prime the decoder with the prompt, so the first generated piece keeps
+     * its leading space ("The dog" + "▁ran" prints " ran", not "ran"). */
+    for (size_t i = 0; i < n_prompt; i++) {
+        const char *piece;
+        size_t plen;
+        if (en_detok_push(dt, ids[i], &piece, &plen, &err)) {
+            en_cli_error(CMD, "%s", err.msg);
+            goto done;
+        }
+    }
     logits = malloc((size_t)hp->n_vocab * sizeof(float));
     out_ids = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
     if (!logits || !out_ids) {

@@ -22,10 +22,12 @@ echo "== 1. convert the llama2.c checkpoint to a Hugging Face directory"
 ls -l "$OUT/stories260K"
 echo
 echo "== 2. greedy continuation of \"Once upon a time\""
+printf 'Once upon a time'
 "$ENERGON" generate --model "$OUT/stories260K" --prompt "Once upon a time" \
     --temperature 0 --max-tokens 200
 echo
 echo "== 3. sampled continuation (temperature 0.8, top-p 0.9, seed 7)"
+printf 'The little dog'
 "$ENERGON" generate --model "$OUT/stories260K" --prompt "The little dog" \
     --temperature 0.8 --top-p 0.9 --seed 7 --max-tokens 120
 echo

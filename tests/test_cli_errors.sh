@@ -53,6 +53,11 @@ expect "negative max-tokens" 2 "--max-tokens: -5 is out of range" -- "$ENERGON" 
 expect "bad device" 2 "--device: 'tpu'" -- "$ENERGON" generate --model "$M" --prompt hi --device tpu
 expect "bench unknown mode" 2 "unknown benchmark 'train2'" -- "$ENERGON" bench train2 --model "$M"
 
+# --device cuda: this build may or may not have CUDA compiled in, and these
+# machines have no GPU; either way the answer is a clear refusal, never a
+# silent fallback to the CPU.
+expect "device cuda without a GPU" 1 "CUDA" -- "$ENERGON" generate --model "$M" --prompt hi --device cuda
+
 # bad models
 expect "missing model dir" 1 "$T/nope/config.json: cannot open" -- "$ENERGON" generate --model "$T/nope" --prompt hi
 B=$T/trunc; mkdir -p "$B"; cp "$M"/* "$B/"

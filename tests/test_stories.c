@@ -124,6 +124,43 @@ int main(void) {
     CHECK(jo && strcmp(json_string_value(json_object_get(jo, "text")), text) == 0,
           "CLI text differs");
     json_decref(jo);
+
+    /* A continuation that starts a new word keeps its space: the CLI text
+     * equals decode(prompt + generated) minus decode(prompt). */
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --prompt 'The little dog' --temperature 0 --max-tokens 12 "
+             "--json --ignore-eos 2>/dev/null",
+             EN_BINARY, dir);
+    p = popen(cmd, "r");
+    got = p ? fread(line, 1, (1 << 20) - 1, p) : 0;
+    line[got] = 0;
+    if (p) pclose(p);
+    jo = json_loads(line, 0, &jerr);
+    jids = jo ? json_object_get(jo, "ids") : NULL;
+    CHECK(jids != NULL, "CLI output: %s", line);
+    if (jids) {
+        int32_t *all = NULL;
+        size_t np = 0;
+        en_tokenizer_encode(tok, "The little dog", 14, 1, &all, &np, &err);
+        size_t ng = json_array_size(jids);
+        int32_t *seq = malloc((np + ng) * sizeof(int32_t));
+        memcpy(seq, all, np * sizeof(int32_t));
+        for (size_t t = 0; t < ng; t++) seq[np + t] = (int32_t)json_integer_value(json_array_get(jids, t));
+        char *full = NULL, *pre = NULL;
+        size_t fl = 0, pl = 0;
+        en_tokenizer_decode(tok, seq, np + ng, &full, &fl, &err);
+        en_tokenizer_decode(tok, seq, np, &pre, &pl, &err);
+        const char *cli_text = json_string_value(json_object_get(jo, "text"));
+        CHECK(full && pre && fl >= pl && strcmp(full + pl, cli_text) == 0,
+              "continuation '%s' should be '%s'", cli_text, full ? full + pl : "?");
+        CHECK(cli_text[0] == ' ', "continuation should start with a space: '%s'", cli_text);
+        printf("The little dog|%s\n", cli_text);
+        en_free(full);
+        en_free(pre);
+        en_free(all);
+        free(seq);
+    }
+    json_decref(jo);
     free(line);
 
     en_free(text);
