@@ -89,4 +89,62 @@ void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride
 void en_op_cross_entropy(en_backend *be, float *nll, const float *logits, const int32_t *target,
                          int T, int V);
 
+/* ---- ops (backward) ----
+ * Each forward op's gradient. Unless stated, gradient outputs ACCUMULATE
+ * (+=) into their buffers, so residual branches and shared weights need no
+ * extra adds; a NULL gradient output is skipped. Inputs are the forward's
+ * inputs (and, where named, outputs), which the caller kept. */
+
+/* For y = x w^T + b:  dx(M,K) += dy·w,  dw(N,K) += dy^T·x,  db(N) += sum_m dy. */
+void en_op_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                      const float *x, const float *w, int M, int N, int K);
+
+/* For y = rmsnorm(x) * w:  dx(T,C) += ...,  dw(C) += ... */
+void en_op_rmsnorm_bwd(en_backend *be, float *dx, float *dw, const float *dy, const float *x,
+                       const float *w, float eps, int T, int C);
+
+/* RoPE is a rotation; its gradient is the inverse rotation, applied in place
+ * to dx (same layout as en_op_rope). Not accumulating (in place). */
+void en_op_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                    size_t row_stride, float theta);
+
+/* For y = silu(gate) * up:  dgate(n) += ...,  dup(n) += ... */
+void en_op_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
+                      const float *gate, const float *up, size_t n);
+
+/* For y = table[ids]:  dtable[ids[t]] += dy[t]. */
+void en_op_embedding_bwd(en_backend *be, float *dtable, const float *dy, const int32_t *ids,
+                         int T, int C);
+
+/* Attention backward, same arguments as en_op_attention plus gradients.
+ * The probabilities are recomputed from q and k (nothing s x s is stored:
+ * this is the selective-recompute attention core). dq (T, H, D) rows of
+ * q_stride floats; dk, dv (S, Hkv, D) rows of kv_stride floats; all three
+ * accumulate. dout (T, H, D) contiguous. */
+void en_op_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                         const float *q, size_t q_stride, const float *k, const float *v,
+                         size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
+                         int D, int window);
+
+/* Cross-entropy gradient w.r.t. logits (T, V): dlogits[t] = scale[t] *
+ * (softmax(logits[t]) - onehot(target[t])); rows with target < 0 get 0.
+ * dlogits is OVERWRITTEN (it may alias logits). scale may be NULL (= 1). */
+void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
+                             const int32_t *target, const float *scale, int T, int V);
+
+/* ---- optimizer and reductions ---- */
+
+/* sum of x[i]^2 over n elements, accumulated in double. */
+double en_op_sumsq(en_backend *be, const float *x, size_t n);
+
+/* x *= s over n elements. */
+void en_op_scale(en_backend *be, float *x, float s, size_t n);
+
+/* One AdamW step (Loshchilov & Hutter) over n parameters:
+ *   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g^2
+ *   p -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * p )
+ * t >= 1 is the step number (bias correction). g is read, not changed. */
+void en_op_adamw(en_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                 float lr, float b1, float b2, float eps, float wd, int t);
+
 #endif /* EN_BACKEND_H */

@@ -1,0 +1,2 @@
+/* chat.c - chat templates (being written). */
+typedef int en_chat_placeholder_t;
