@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../common/file.h"
+#include "../models/lora.h"
 
 void en_cli_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
@@ -91,6 +92,10 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
         o->dir = v;
         return 1;
     }
+    if (en_cli_flag(argc, argv, i, "--adapter", &v, bad)) {
+        o->adapter = v;
+        return 1;
+    }
     if (en_cli_flag(argc, argv, i, "--device", &v, bad)) {
         if (!*bad && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
             en_cli_error(cmd, "--device: '%s' is not one of cpu, cuda", v);
@@ -132,6 +137,17 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
         en_cli_unload(out);
         return EN_EXIT_ERROR;
     }
+    if (o->adapter) {
+        /* A fine-tuning run directory holds the final adapter at its top. */
+        s = en_lora_load_peft(out->be, en_model_get_hparams(out->model), o->adapter, &out->lora,
+                              &err);
+        if (s == EN_OK) s = en_model_set_lora(out->model, out->lora, &err);
+        if (s != EN_OK) {
+            en_cli_error(cmd, "--adapter: %s", err.msg);
+            en_cli_unload(out);
+            return EN_EXIT_ERROR;
+        }
+    }
     if (o->need_tokenizer) {
         char *tp = en_path_join(o->dir, "tokenizer.model");
         if (!tp || !en_path_exists(tp)) {
@@ -161,6 +177,8 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
 }
 
 void en_cli_unload(en_cli_model *cm) {
+    if (cm->model) en_model_set_lora(cm->model, NULL, NULL);
+    en_lora_destroy(cm->lora);
     en_model_destroy(cm->model);
     en_tokenizer_destroy(cm->tok);
     en_backend_destroy(cm->be);

@@ -14,6 +14,9 @@ int en_cmd_eval(int argc, char **argv);
 int en_cmd_bench(int argc, char **argv);
 int en_cmd_convert(int argc, char **argv);
 int en_cmd_tokenizer(int argc, char **argv);
+int en_cmd_finetune(int argc, char **argv);
+int en_cmd_init(int argc, char **argv);
+int en_cmd_export(int argc, char **argv);
 
 #define ENERGON_VERSION "0.1.0"
 
@@ -22,6 +25,9 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } k_cmds[] = {
+    {"finetune", en_cmd_finetune, "full or LoRA fine-tuning on text, Q&A or chat data"},
+    {"init", en_cmd_init, "a randomly initialised model to pretrain from scratch"},
+    {"export", en_cmd_export, "merge a LoRA adapter into a plain Hugging Face model"},
     {"generate", en_cmd_generate, "continue a prompt with a model"},
     {"eval", en_cmd_eval, "negative log-likelihood and perplexity on a text file"},
     {"bench", en_cmd_bench, "measure decode / prefill throughput"},

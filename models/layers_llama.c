@@ -1,58 +1,99 @@
 /*
  * layers_llama.c - the forward pass of the Llama family (llama, mistral,
- * qwen2) over one chunk of tokens with a KV cache:
+ * qwen2), shared by inference (KV cache) and training (saved activations):
  *
- *   x = embed(ids)                                        (B, C)
- *   per layer:
+ *   x = embed(ids)                                        (n, C)
+ *   per layer (en_llama_layer_fwd):
  *     h = rmsnorm(x) ; q = h Wq^T (+bq) ; k, v likewise, written straight
- *     into the cache rows of their positions; RoPE on q and the new k rows;
- *     a = attention(q, K[0..pos], V[0..pos]) ; x += a Wo^T (+bo)
+ *     into the key/value rows of their positions; RoPE on q and the new k;
+ *     a = attention(q, K, V) ; x += a Wo^T (+bo)
  *     h = rmsnorm(x) ; x += (silu(h Wg^T) * h Wu^T) Wd^T
  *   logits = rmsnorm(x) Wlm^T      (only the rows asked for)
  *
- * Only backend ops are called here, so the same code runs on every backend.
+ * Every linear may carry a LoRA adapter (en_linear_fwd). Only backend ops
+ * are called here, so the same code runs on every backend.
  */
+#include <string.h>
+
 #include "model_impl.h"
+
+void en_linear_fwd(en_backend *be, float *y, const float *x, const float *w, const float *b,
+                   const en_lora_pair *lp, float s, float *u, float *tmp, int M, int N, int K) {
+    en_op_matmul(be, y, x, w, b, M, N, K);
+    if (!lp) return;
+    /* y += s * (x A^T) B^T, with the scale applied to the (M, r) factor */
+    en_op_matmul(be, u, x, lp->A, NULL, M, lp->rank, K);
+    en_op_scale(be, u, s, (size_t)M * lp->rank);
+    en_op_matmul(be, tmp, u, lp->B, NULL, M, N, lp->rank);
+    en_op_add(be, y, y, tmp, (size_t)M * N);
+}
+
+void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
+                        float *kc, float *vc, int p0, const en_layer_acts *a) {
+    en_backend *be = m->be;
+    const en_model_hparams *hp = &m->hp;
+    const en_layer_w *w = &m->layers[l];
+    const int C = hp->n_embd, F = hp->n_ff, H = hp->n_head, Hkv = hp->n_kv_head, D = hp->head_dim;
+    const int QD = H * D, KVD = Hkv * D;
+    const en_lora *lo = m->lora;
+    const float s = lo ? en_lora_scale(lo) : 0.0f;
+#define LP(t) (lo ? en_lora_get(lo, l, (t)) : NULL)
+    float *k_new = kc + (size_t)p0 * KVD; /* (n, KVD) rows of these tokens */
+    float *v_new = vc + (size_t)p0 * KVD;
+
+    if (a->x_in) memcpy(a->x_in, x, (size_t)n * C * sizeof(float));
+    /* attention block */
+    en_op_rmsnorm(be, a->xn1, x, w->attn_norm, hp->norm_eps, n, C);
+    en_linear_fwd(be, a->q, a->xn1, w->wq, w->bq, LP(0), s, a->lora_u, a->tmp, n, QD, C);
+    en_linear_fwd(be, k_new, a->xn1, w->wk, w->bk, LP(1), s, a->lora_u, a->tmp, n, KVD, C);
+    en_linear_fwd(be, v_new, a->xn1, w->wv, w->bv, LP(2), s, a->lora_u, a->tmp, n, KVD, C);
+    en_op_rope(be, a->q, pos, n, H, D, (size_t)QD, hp->rope_theta);
+    en_op_rope(be, k_new, pos, n, Hkv, D, (size_t)KVD, hp->rope_theta);
+    const int T = n / n_seq;
+    for (int sq = 0; sq < n_seq; sq++) {
+        /* one sequence: its queries, and its keys (the cache when n_seq == 1) */
+        size_t qo = (size_t)sq * T * QD, ko = (size_t)sq * T * KVD;
+        en_op_attention(be, a->att + qo, a->q + qo, (size_t)QD, kc + ko, vc + ko, (size_t)KVD,
+                        pos + (size_t)sq * T, T, p0 + T, H, Hkv, D, hp->sliding_window);
+    }
+    en_linear_fwd(be, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
+    en_op_add(be, x, x, a->proj, (size_t)n * C);
+    if (a->x_mid) memcpy(a->x_mid, x, (size_t)n * C * sizeof(float));
+
+    /* MLP block (SwiGLU) */
+    en_op_rmsnorm(be, a->xn2, x, w->ffn_norm, hp->norm_eps, n, C);
+    en_linear_fwd(be, a->gate, a->xn2, w->w_gate, NULL, LP(4), s, a->lora_u, a->tmp, n, F, C);
+    en_linear_fwd(be, a->up, a->xn2, w->w_up, NULL, LP(5), s, a->lora_u, a->tmp, n, F, C);
+    en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
+    en_linear_fwd(be, a->proj, a->h, w->w_down, NULL, LP(6), s, a->lora_u, a->tmp, n, C, F);
+    en_op_add(be, x, x, a->proj, (size_t)n * C);
+#undef LP
+}
 
 void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits) {
     en_model *m = c->m;
     en_backend *be = m->be;
     const en_model_hparams *hp = &m->hp;
-    const int C = hp->n_embd, F = hp->n_ff, H = hp->n_head, Hkv = hp->n_kv_head, D = hp->head_dim;
-    const int QD = H * D, KVD = Hkv * D;
+    const int C = hp->n_embd, KVD = hp->n_kv_head * hp->head_dim;
     const int p0 = c->n_past;
     const size_t layer_cache = (size_t)c->n_ctx * (size_t)KVD;
 
     for (int t = 0; t < n; t++) c->pos[t] = p0 + t;
     en_op_embedding(be, c->x, m->tok_embd, ids, n, C);
-
-    for (int l = 0; l < hp->n_layer; l++) {
-        const en_layer_w *w = &m->layers[l];
-        float *kc = c->k_cache + (size_t)l * layer_cache;
-        float *vc = c->v_cache + (size_t)l * layer_cache;
-        float *k_new = kc + (size_t)p0 * KVD; /* (n, KVD) rows of this chunk */
-        float *v_new = vc + (size_t)p0 * KVD;
-
-        /* attention block */
-        en_op_rmsnorm(be, c->xn, c->x, w->attn_norm, hp->norm_eps, n, C);
-        en_op_matmul(be, c->q, c->xn, w->wq, w->bq, n, QD, C);
-        en_op_matmul(be, k_new, c->xn, w->wk, w->bk, n, KVD, C);
-        en_op_matmul(be, v_new, c->xn, w->wv, w->bv, n, KVD, C);
-        en_op_rope(be, c->q, c->pos, n, H, D, (size_t)QD, hp->rope_theta);
-        en_op_rope(be, k_new, c->pos, n, Hkv, D, (size_t)KVD, hp->rope_theta);
-        en_op_attention(be, c->att, c->q, (size_t)QD, kc, vc, (size_t)KVD, c->pos, n, p0 + n, H,
-                        Hkv, D, hp->sliding_window);
-        en_op_matmul(be, c->xn, c->att, w->wo, w->bo, n, C, QD); /* xn reused as (n, C) */
-        en_op_add(be, c->x, c->x, c->xn, (size_t)n * C);
-
-        /* MLP block (SwiGLU) */
-        en_op_rmsnorm(be, c->xn, c->x, w->ffn_norm, hp->norm_eps, n, C);
-        en_op_matmul(be, c->gate, c->xn, w->w_gate, NULL, n, F, C);
-        en_op_matmul(be, c->up, c->xn, w->w_up, NULL, n, F, C);
-        en_op_swiglu(be, c->gate, c->gate, c->up, (size_t)n * F);
-        en_op_matmul(be, c->xn, c->gate, w->w_down, NULL, n, C, F);
-        en_op_add(be, c->x, c->x, c->xn, (size_t)n * C);
-    }
+    en_layer_acts a = {0};
+    a.xn1 = c->xn;
+    a.q = c->q;
+    a.att = c->att;
+    a.xn2 = c->xn;
+    a.gate = c->gate;
+    a.up = c->up;
+    a.h = c->gate; /* in place */
+    a.tmp = c->tmp;
+    a.proj = c->xn; /* o/down outputs: their inputs are att and h, not xn */
+    a.lora_u = c->lora_u;
+    for (int l = 0; l < hp->n_layer; l++)
+        en_llama_layer_fwd(m, l, c->x, n, 1, c->pos, c->k_cache + (size_t)l * layer_cache,
+                           c->v_cache + (size_t)l * layer_cache, p0, &a);
     c->n_past = p0 + n;
 
     if (!logits) return;

@@ -255,6 +255,30 @@ float *en_model_param(en_model *m, const char *name, size_t *n_elem) {
     return NULL;
 }
 
+en_status en_model_save_safetensors(const en_model *m, const char *path, en_err *err) {
+    en_st_writer_item *items = en_calloc((size_t)m->n_specs, sizeof *items);
+    float *host = en_malloc(m->n_params * sizeof(float));
+    if (!items || !host) {
+        en_free(items);
+        en_free(host);
+        return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    }
+    en_backend_download(m->be, host, m->params, m->n_params * sizeof(float));
+    for (int i = 0; i < m->n_specs; i++) {
+        const en_param_spec *sp = &m->specs[i];
+        items[i].name = sp->name;
+        items[i].dtype = EN_DTYPE_F32;
+        items[i].n_dims = sp->n_dims;
+        items[i].shape[0] = sp->shape[0];
+        items[i].shape[1] = sp->shape[1];
+        items[i].data = host + sp->offset;
+    }
+    en_status s = en_st_write(path, items, m->n_specs, EN_DTYPE_F32, err);
+    en_free(items);
+    en_free(host);
+    return s;
+}
+
 /* ---- context ---- */
 
 en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_err *err) {
@@ -288,11 +312,18 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
     c->att = en_backend_alloc(be, B * (qd > C ? qd : C) * sizeof(float));
     c->gate = en_backend_alloc(be, B * F * sizeof(float));
     c->up = en_backend_alloc(be, B * F * sizeof(float));
+    size_t wide = C > F ? C : F;
+    if (qd > wide) wide = qd;
+    c->tmp = en_backend_alloc(be, B * wide * sizeof(float));
+    if (m->lora) {
+        c->lora_u = en_backend_alloc(be, B * (size_t)en_lora_get_config(m->lora)->rank *
+                                             sizeof(float));
+    }
     c->pos = en_malloc(B * sizeof(int32_t));
     c->logits = en_malloc(B * (size_t)hp->n_vocab * sizeof(float));
     c->nll = en_malloc(B * sizeof(float));
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->att || !c->gate || !c->up ||
-        !c->pos || !c->logits || !c->nll) {
+        !c->pos || !c->logits || !c->nll || !c->tmp || (m->lora && !c->lora_u)) {
         en_ctx_destroy(c);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a context of %d tokens (%zu MiB KV)",
                       d.n_ctx, 2 * cache >> 20);
@@ -312,6 +343,8 @@ void en_ctx_destroy(en_ctx *c) {
     en_backend_free(be, c->att);
     en_backend_free(be, c->gate);
     en_backend_free(be, c->up);
+    en_backend_free(be, c->tmp);
+    en_backend_free(be, c->lora_u);
     en_free(c->pos);
     en_free(c->logits);
     en_free(c->nll);
@@ -374,3 +407,17 @@ en_status en_model_score(en_ctx *c, const int32_t *ids, int n, double *nll_sum, 
     *n_scored = n - 1;
     return EN_OK;
 }
+
+en_status en_model_set_lora(en_model *m, const en_lora *l, en_err *err) {
+    if (l) {
+        /* The adapter must have been made for this model's shapes. */
+        const en_lora_pair *p = NULL;
+        for (int layer = 0; layer < m->hp.n_layer && !p; layer++)
+            for (int t = 0; t < EN_LORA_N_TARGETS && !p; t++) p = en_lora_get(l, layer, t);
+        if (!p) return EN_ERR(err, EN_ERR_ARG, "the adapter adapts nothing");
+    }
+    m->lora = l;
+    return EN_OK;
+}
+
+const en_lora *en_model_get_lora(const en_model *m) { return m->lora; }

@@ -73,6 +73,10 @@ size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per tok
  * count, or NULL. For tests and exporters. */
 float *en_model_param(en_model *m, const char *name, size_t *n_elem);
 
+/* Write every weight (float32, Hugging Face names and shapes) to one
+ * safetensors file, atomically. Tied embeddings are written once. */
+en_status en_model_save_safetensors(const en_model *m, const char *path, en_err *err);
+
 /* ---- inference context: KV cache plus activation scratch ----
  * One context holds one sequence. Not thread-safe; one per thread. */
 typedef struct en_ctx en_ctx;

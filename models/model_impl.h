@@ -5,6 +5,7 @@
 #ifndef EN_MODEL_IMPL_H
 #define EN_MODEL_IMPL_H
 
+#include "lora.h"
 #include "model.h"
 
 /* Pointers into the single parameter allocation, one struct per layer. */
@@ -44,7 +45,40 @@ struct en_model {
     float *out_norm; /* (C) */
     float *lm_head;  /* (V, C); == tok_embd when tied */
     en_layer_w *layers;
+    const en_lora *lora; /* borrowed adapter, or NULL */
 };
+
+/* Buffers one layer's forward writes. Inference passes the context's
+ * scratch (the same for every layer, h may alias gate, x_in and x_mid NULL);
+ * training passes per-layer slices of its activation arena, which the
+ * backward pass reads again. Shapes for n tokens. */
+typedef struct en_layer_acts {
+    float *x_in;   /* (n, C) copy of the layer input, or NULL */
+    float *xn1;    /* (n, C) rmsnorm before attention */
+    float *q;      /* (n, H*D) queries after RoPE */
+    float *att;    /* (n, H*D) attention output before o_proj */
+    float *x_mid;  /* (n, C) residual after attention, or NULL */
+    float *xn2;    /* (n, C) rmsnorm before the MLP */
+    float *gate;   /* (n, F) gate projection */
+    float *up;     /* (n, F) up projection */
+    float *h;      /* (n, F) silu(gate) * up (may alias gate) */
+    float *proj;   /* (n, C) output of o_proj / down_proj before the residual add */
+    float *tmp;    /* (n, max(C, F, H*D)) scratch of LoRA paths */
+    float *lora_u; /* (n, r) scratch when an adapter is attached */
+} en_layer_acts;
+
+/* One layer over n tokens made of n_seq sequences of n/n_seq tokens.
+ * x (n, C) is updated in place. kc, vc hold the layer's key/value rows
+ * (rows of Hkv*D floats): with n_seq == 1 the new rows go to p0.. and
+ * attention covers rows 0..p0+n (the KV cache); with n_seq > 1 (training,
+ * p0 == 0) sequence s owns rows s*T.. of kc/vc. pos (n) are the positions. */
+void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
+                        float *kc, float *vc, int p0, const en_layer_acts *a);
+
+/* y(M,N) = x W^T + b (+ s (x A^T) B^T when lp is not NULL). u (M, r) and
+ * tmp (M, N) are scratch. */
+void en_linear_fwd(en_backend *be, float *y, const float *x, const float *w, const float *b,
+                   const en_lora_pair *lp, float s, float *u, float *tmp, int M, int N, int K);
 
 struct en_ctx {
     en_model *m;
@@ -60,6 +94,8 @@ struct en_ctx {
     int32_t *pos;  /* (B) */
     float *logits; /* (B, V) scratch used by en_model_score */
     float *nll;    /* (B) */
+    float *tmp;    /* (B, max(C, F, H*D)) */
+    float *lora_u; /* (B, r) or NULL */
 };
 
 /* Build the parameter table for hp; *specs is en_malloc'd. slots are

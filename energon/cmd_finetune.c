@@ -1,0 +1,220 @@
+/*
+ * cmd_finetune.c - `energon finetune`: parse flags into an
+ * en_finetune_config and run the loop (finetune/trainer.c). SIGINT and
+ * SIGTERM ask the loop to save a checkpoint and stop.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../finetune/trainer.h"
+#include "../models/lora.h"
+#include "cli.h"
+
+#define CMD "finetune"
+
+/* Set by the signal handler, polled by the loop between steps. The one
+ * writable global of the front end: a handler can reach nothing else. */
+static volatile sig_atomic_t g_stop = 0;
+static void on_signal(int sig) { g_stop = sig; }
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: energon finetune --model DIR --data FILE... --out RUN_DIR [options]\n"
+        "       energon finetune --resume RUN_DIR [--steps N]\n"
+        "\n"
+        "Fine-tune the Hugging Face model in DIR on FILE (.txt, .jsonl with {text},\n"
+        "{prompt,completion} or {messages}; .gz allowed). Full fine-tuning by default;\n"
+        "LoRA with --lora-rank.\n"
+        "\n"
+        "data:\n"
+        "  --data FILE            training file (repeatable)\n"
+        "  --val-data FILE        validation file (repeatable)\n"
+        "  --val-fraction F       hold out this fraction of records instead (default 0)\n"
+        "  --seq-len N            tokens per window (default 256)\n"
+        "  --doc-sep blank        .txt: documents separated by blank lines (default: one per file)\n"
+        "  --train-on-all         loss on prompt tokens too (default: completion/assistant only)\n"
+        "  --chat-template NAME   plain | llama2 | chatml (default plain)\n"
+        "  --skip-bad-records     skip and count malformed records instead of stopping\n"
+        "optimisation:\n"
+        "  --steps N | --epochs E length of the run (default 1 epoch)\n"
+        "  --batch B              sequences per micro-batch (default 4)\n"
+        "  --batch-tokens N       tokens per optimizer step, by gradient accumulation\n"
+        "  --lr LR                peak learning rate (default 3e-4)\n"
+        "  --min-lr-ratio R       cosine decay ends at R * lr (default 0.1)\n"
+        "  --warmup N             linear warmup steps (default 0)\n"
+        "  --weight-decay W       AdamW decay, not applied to norms and biases (default 0)\n"
+        "  --beta1 B1 --beta2 B2  AdamW betas (default 0.9, 0.999)\n"
+        "  --grad-clip C          clip the global gradient norm (default 1; 0 = off)\n"
+        "  --seed S               data order and LoRA initialisation (default 1)\n"
+        "LoRA:\n"
+        "  --lora-rank R          train rank-R adapters, base frozen (default: full)\n"
+        "  --lora-alpha A         scale alpha/R (default 16)\n"
+        "  --lora-targets LIST    of q,k,v,o,gate,up,down (default q,k,v,o)\n"
+        "run:\n"
+        "  --out RUN_DIR          run directory (metrics.jsonl, loss.svg, checkpoints/)\n"
+        "  --eval-every N         validation loss every N steps (default 50)\n"
+        "  --eval-batches N       cap validation micro-batches (default: all)\n"
+        "  --save-every N         checkpoint every N steps (default 100)\n"
+        "  --keep K               checkpoints kept (default 2)\n"
+        "  --log-every N          plain log line interval when not on a terminal (default 10)\n"
+        "  --resume RUN_DIR       continue from the newest valid checkpoint\n"
+        "  --threads N            CPU threads\n");
+}
+
+int en_cmd_finetune(int argc, char **argv) {
+    en_finetune_config c = en_finetune_config_default();
+    const char *resume = NULL, *device = NULL;
+    int64_t steps_override = 0;
+    int bad = 0, have_epochs = 0;
+    en_err err = {0};
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v;
+        int iv;
+        float fv;
+        uint64_t uv;
+#define INT_FLAG(name, lo, hi, dst)                                                  \
+    else if (en_cli_flag(argc, argv, &i, name, &v, &bad)) {                          \
+        if (!bad && en_cli_int(CMD, name, v, lo, hi, &iv)) dst = iv; else bad = 1;   \
+    }
+#define FLOAT_FLAG(name, lo, hi, dst)                                                \
+    else if (en_cli_flag(argc, argv, &i, name, &v, &bad)) {                          \
+        if (!bad && en_cli_float(CMD, name, v, lo, hi, &fv)) dst = fv; else bad = 1; \
+    }
+        if (en_cli_switch(argv, i, "--help") || en_cli_switch(argv, i, "-h")) {
+            usage(stdout);
+            return EN_EXIT_OK;
+        } else if (en_cli_flag(argc, argv, &i, "--model", &v, &bad)) {
+            c.model_dir = v;
+        } else if (en_cli_flag(argc, argv, &i, "--data", &v, &bad)) {
+            if (!bad && c.n_data == EN_FT_MAX_FILES) {
+                en_cli_error(CMD, "--data: at most %d files", EN_FT_MAX_FILES);
+                bad = 1;
+            } else if (!bad) {
+                c.data[c.n_data++] = v;
+            }
+        } else if (en_cli_flag(argc, argv, &i, "--val-data", &v, &bad)) {
+            if (!bad && c.n_val_data == EN_FT_MAX_FILES) {
+                en_cli_error(CMD, "--val-data: at most %d files", EN_FT_MAX_FILES);
+                bad = 1;
+            } else if (!bad) {
+                c.val_data[c.n_val_data++] = v;
+            }
+        } else if (en_cli_flag(argc, argv, &i, "--out", &v, &bad)) {
+            c.run_dir = v;
+        } else if (en_cli_flag(argc, argv, &i, "--resume", &v, &bad)) {
+            resume = v;
+        } else if (en_cli_flag(argc, argv, &i, "--device", &v, &bad)) {
+            device = v;
+        } else if (en_cli_flag(argc, argv, &i, "--steps", &v, &bad)) {
+            if (!bad && en_cli_int(CMD, "--steps", v, 1, 1 << 30, &iv)) c.steps = iv, steps_override = iv;
+            else bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--epochs", &v, &bad)) {
+            if (!bad && en_cli_int(CMD, "--epochs", v, 1, 1 << 20, &iv)) c.epochs = iv, have_epochs = 1;
+            else bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--val-fraction", &v, &bad)) {
+            if (!bad && en_cli_float(CMD, "--val-fraction", v, 0, 0.9, &fv)) c.val_fraction = fv;
+            else bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--seed", &v, &bad)) {
+            if (!bad && en_cli_u64(CMD, "--seed", v, &uv)) c.seed = uv;
+            else bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--batch-tokens", &v, &bad)) {
+            if (!bad && en_cli_int(CMD, "--batch-tokens", v, 1, 1 << 30, &iv)) c.batch_tokens = iv;
+            else bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--doc-sep", &v, &bad)) {
+            if (!bad && strcmp(v, "blank") == 0) c.data_cfg.doc_sep_blank = 1;
+            else if (!bad && strcmp(v, "file") == 0) c.data_cfg.doc_sep_blank = 0;
+            else if (!bad) {
+                en_cli_error(CMD, "--doc-sep: '%s' is not one of blank, file", v);
+                bad = 1;
+            }
+        } else if (en_cli_flag(argc, argv, &i, "--chat-template", &v, &bad)) {
+            if (!bad && en_chat_template_from_name(v, &c.data_cfg.chat_template, &err) != EN_OK) {
+                en_cli_error(CMD, "--chat-template: %s", err.msg);
+                bad = 1;
+            }
+        } else if (en_cli_flag(argc, argv, &i, "--lora-targets", &v, &bad)) {
+            if (!bad && en_lora_targets_parse(v, &c.lora_targets, &err) != EN_OK) {
+                en_cli_error(CMD, "--lora-targets: %s", err.msg);
+                bad = 1;
+            }
+        } else if (en_cli_switch(argv, i, "--train-on-all")) {
+            c.data_cfg.train_on_all = 1;
+        } else if (en_cli_switch(argv, i, "--skip-bad-records")) {
+            c.data_cfg.skip_bad_records = 1;
+        }
+        INT_FLAG("--seq-len", 2, 1 << 20, c.data_cfg.seq_len)
+        INT_FLAG("--batch", 1, 1 << 16, c.batch)
+        INT_FLAG("--warmup", 0, 1 << 30, c.warmup)
+        INT_FLAG("--lora-rank", 1, 4096, c.lora_rank)
+        INT_FLAG("--eval-every", 0, 1 << 30, c.eval_every)
+        INT_FLAG("--eval-batches", 0, 1 << 30, c.eval_batches)
+        INT_FLAG("--save-every", 0, 1 << 30, c.save_every)
+        INT_FLAG("--keep", 1, 1000, c.keep)
+        INT_FLAG("--log-every", 1, 1 << 30, c.log_every)
+        INT_FLAG("--threads", 1, 1024, c.n_threads)
+        FLOAT_FLAG("--lr", 1e-9, 10, c.lr)
+        FLOAT_FLAG("--min-lr-ratio", 0, 1, c.min_lr_ratio)
+        FLOAT_FLAG("--weight-decay", 0, 10, c.weight_decay)
+        FLOAT_FLAG("--beta1", 0, 0.99999, c.beta1)
+        FLOAT_FLAG("--beta2", 0, 0.99999999, c.beta2)
+        FLOAT_FLAG("--grad-clip", 0, 1e9, c.grad_clip)
+        FLOAT_FLAG("--lora-alpha", 1e-6, 1e6, c.lora_alpha)
+        else {
+            en_cli_error(CMD, "unknown argument '%s' (see energon finetune --help)", argv[i]);
+            bad = 1;
+        }
+#undef INT_FLAG
+#undef FLOAT_FLAG
+    }
+    if (bad) return EN_EXIT_USAGE;
+    if (device && strcmp(device, "cpu") != 0) {
+        en_cli_error(CMD, "--device %s: fine-tuning runs on the CPU in this build (the CUDA "
+                          "backend is issue #6)", device);
+        return EN_EXIT_ERROR;
+    }
+    void *keep = NULL;
+    if (resume) {
+        if (c.model_dir || c.n_data) {
+            en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
+                              "only --steps and --threads may be given with it");
+            return EN_EXIT_USAGE;
+        }
+        int threads = c.n_threads;
+        if (en_finetune_config_load(resume, &c, &keep, &err) != EN_OK) {
+            en_cli_error(CMD, "%s", err.msg);
+            return EN_EXIT_ERROR;
+        }
+        if (steps_override) c.steps = steps_override;
+        if (threads) c.n_threads = threads;
+    } else {
+        if (!c.model_dir || c.n_data == 0 || !c.run_dir) {
+            en_cli_error(CMD, "--model DIR, --data FILE and --out RUN_DIR are required (see "
+                              "energon finetune --help)");
+            return EN_EXIT_USAGE;
+        }
+        if (c.steps && have_epochs) {
+            en_cli_error(CMD, "give --steps or --epochs, not both");
+            return EN_EXIT_USAGE;
+        }
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    en_finetune_result res;
+    en_status s = en_finetune_run(&c, resume != NULL, &g_stop, &res, &err);
+    if (keep) en_finetune_config_free(keep);
+    if (s != EN_OK) {
+        en_cli_error(CMD, "%s", err.msg);
+        return EN_EXIT_ERROR;
+    }
+    if (res.interrupted) {
+        fprintf(stderr, "energon finetune: stopped by signal %d at step %lld; checkpoint saved. "
+                        "Continue with: energon finetune --resume %s\n",
+                (int)g_stop, (long long)res.steps_done, c.run_dir);
+        return 128 + (int)g_stop;
+    }
+    return EN_EXIT_OK;
+}

@@ -1,0 +1,731 @@
+/*
+ * trainer.c - the fine-tuning loop. See trainer.h for the run directory.
+ *
+ * One optimizer step = `accum` micro-batches of `batch` windows, with
+ * accum = ceil(batch_tokens / (batch * seq_len)). The loss of a step is the
+ * mean negative log-likelihood over every trained token of the step, and
+ * its gradient is exact for that mean (en_train_fwd_bwd scales by 1/N with
+ * N counted before the backward passes). Windows are taken in the
+ * deterministic order of en_dataset_order(seed, epoch); the cursor into
+ * that order is part of the checkpoint, so a resumed run sees exactly the
+ * windows the uninterrupted run would have, and with a fixed thread count
+ * reproduces its losses bit for bit.
+ */
+#include "trainer.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "../common/backend.h"
+#include "../common/file.h"
+#include "../common/safetensors.h"
+#include "../models/convert.h"
+#include "../models/lora.h"
+#include "../models/model.h"
+#include "../models/train.h"
+#include "checkpoint.h"
+#include "report.h"
+
+#define STATE_MAGIC "energon-trainer-state"
+#define STATE_VERSION 1
+
+en_finetune_config en_finetune_config_default(void) {
+    en_finetune_config c;
+    memset(&c, 0, sizeof c);
+    c.val_fraction = 0.0;
+    c.seed = 1;
+    c.batch = 4;
+    c.batch_tokens = 0;
+    c.epochs = 1;
+    c.lr = 3e-4f;
+    c.min_lr_ratio = 0.1f;
+    c.weight_decay = 0.0f;
+    c.beta1 = 0.9f;
+    c.beta2 = 0.999f;
+    c.eps = 1e-8f;
+    c.grad_clip = 1.0f;
+    c.warmup = 0;
+    c.lora_alpha = 16.0f;
+    c.lora_targets = EN_LORA_Q | EN_LORA_K | EN_LORA_V | EN_LORA_O;
+    c.eval_every = 50;
+    c.eval_batches = 0;
+    c.save_every = 100;
+    c.keep = 2;
+    c.log_every = 10;
+    c.data_cfg = en_data_config_default();
+    c.data_cfg.seq_len = 256;
+    return c;
+}
+
+/* ---- run.json: the configuration of a run ---- */
+
+static json_t *str_array(const char *const *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_string(v[i]));
+    return a;
+}
+
+static en_status config_save(const en_finetune_config *c, en_err *err) {
+    json_t *r = json_object();
+    json_object_set_new(r, "magic", json_string("energon-run"));
+    json_object_set_new(r, "version", json_integer(1));
+    json_object_set_new(r, "model", json_string(c->model_dir));
+    json_object_set_new(r, "data", str_array(c->data, c->n_data));
+    json_object_set_new(r, "val_data", str_array(c->val_data, c->n_val_data));
+    json_object_set_new(r, "val_fraction", json_real(c->val_fraction));
+    json_object_set_new(r, "seed", json_integer((json_int_t)c->seed));
+    json_object_set_new(r, "seq_len", json_integer(c->data_cfg.seq_len));
+    json_object_set_new(r, "batch", json_integer(c->batch));
+    json_object_set_new(r, "batch_tokens", json_integer(c->batch_tokens));
+    json_object_set_new(r, "steps", json_integer(c->steps));
+    json_object_set_new(r, "epochs", json_integer(c->epochs));
+    json_object_set_new(r, "lr", json_real(c->lr));
+    json_object_set_new(r, "min_lr_ratio", json_real(c->min_lr_ratio));
+    json_object_set_new(r, "weight_decay", json_real(c->weight_decay));
+    json_object_set_new(r, "beta1", json_real(c->beta1));
+    json_object_set_new(r, "beta2", json_real(c->beta2));
+    json_object_set_new(r, "eps", json_real(c->eps));
+    json_object_set_new(r, "grad_clip", json_real(c->grad_clip));
+    json_object_set_new(r, "warmup", json_integer(c->warmup));
+    json_object_set_new(r, "lora_rank", json_integer(c->lora_rank));
+    json_object_set_new(r, "lora_alpha", json_real(c->lora_alpha));
+    json_object_set_new(r, "lora_targets", json_integer(c->lora_targets));
+    json_object_set_new(r, "eval_every", json_integer(c->eval_every));
+    json_object_set_new(r, "eval_batches", json_integer(c->eval_batches));
+    json_object_set_new(r, "save_every", json_integer(c->save_every));
+    json_object_set_new(r, "keep", json_integer(c->keep));
+    json_object_set_new(r, "log_every", json_integer(c->log_every));
+    json_object_set_new(r, "doc_sep_blank", json_boolean(c->data_cfg.doc_sep_blank));
+    json_object_set_new(r, "train_on_all", json_boolean(c->data_cfg.train_on_all));
+    json_object_set_new(r, "skip_bad_records", json_boolean(c->data_cfg.skip_bad_records));
+    json_object_set_new(r, "chat_template",
+                        json_string(en_chat_template_name(c->data_cfg.chat_template)));
+    json_object_set_new(r, "threads", json_integer(c->n_threads));
+    char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(r);
+    char *p = en_path_join(c->run_dir, "run.json");
+    en_status s = (text && p) ? en_file_write_atomic(p, text, strlen(text), err)
+                              : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    free(text);
+    en_free(p);
+    return s;
+}
+
+/* Strings of a loaded config live in one block: a JSON text kept alive. */
+en_status en_finetune_config_load(const char *run_dir, en_finetune_config *c, void **keep,
+                                  en_err *err) {
+    *keep = NULL;
+    char *p = en_path_join(run_dir, "run.json");
+    char *text = NULL;
+    size_t len;
+    en_status s = p ? en_file_read_all(p, &text, &len, err) : EN_ERR(err, EN_ERR_NOMEM, "oom");
+    if (s != EN_OK) {
+        en_err_prefix(err, "--resume %s: not a run directory", run_dir);
+        en_free(p);
+        return s;
+    }
+    json_error_t jerr;
+    json_t *r = json_loadb(text, len, 0, &jerr);
+    en_free(text);
+    if (!json_is_object(r) || !json_is_string(json_object_get(r, "model"))) {
+        if (r) json_decref(r);
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: not a valid run configuration", p);
+        en_free(p);
+        return s;
+    }
+    json_t *v = json_object_get(r, "version");
+    if (!json_is_integer(v) || json_integer_value(v) != 1) {
+        json_decref(r);
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: unknown run.json version", p);
+        en_free(p);
+        return s;
+    }
+    *c = en_finetune_config_default();
+    c->run_dir = run_dir;
+#define GI(k, dst) do { json_t *x_ = json_object_get(r, k); if (json_is_integer(x_)) dst = json_integer_value(x_); } while (0)
+#define GF(k, dst) do { json_t *x_ = json_object_get(r, k); if (json_is_number(x_)) dst = json_number_value(x_); } while (0)
+#define GB(k, dst) do { json_t *x_ = json_object_get(r, k); if (json_is_boolean(x_)) dst = json_is_true(x_); } while (0)
+    c->model_dir = json_string_value(json_object_get(r, "model"));
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(r, "data"), i, x) if (json_is_string(x) &&
+                                                             c->n_data < EN_FT_MAX_FILES)
+        c->data[c->n_data++] = json_string_value(x);
+    json_array_foreach(json_object_get(r, "val_data"), i, x) if (json_is_string(x) &&
+                                                                 c->n_val_data < EN_FT_MAX_FILES)
+        c->val_data[c->n_val_data++] = json_string_value(x);
+    GF("val_fraction", c->val_fraction);
+    GI("seed", c->seed);
+    GI("seq_len", c->data_cfg.seq_len);
+    GI("batch", c->batch);
+    GI("batch_tokens", c->batch_tokens);
+    GI("steps", c->steps);
+    GI("epochs", c->epochs);
+    GF("lr", c->lr);
+    GF("min_lr_ratio", c->min_lr_ratio);
+    GF("weight_decay", c->weight_decay);
+    GF("beta1", c->beta1);
+    GF("beta2", c->beta2);
+    GF("eps", c->eps);
+    GF("grad_clip", c->grad_clip);
+    GI("warmup", c->warmup);
+    GI("lora_rank", c->lora_rank);
+    GF("lora_alpha", c->lora_alpha);
+    GI("lora_targets", c->lora_targets);
+    GI("eval_every", c->eval_every);
+    GI("eval_batches", c->eval_batches);
+    GI("save_every", c->save_every);
+    GI("keep", c->keep);
+    GI("log_every", c->log_every);
+    GB("doc_sep_blank", c->data_cfg.doc_sep_blank);
+    GB("train_on_all", c->data_cfg.train_on_all);
+    GB("skip_bad_records", c->data_cfg.skip_bad_records);
+    GI("threads", c->n_threads);
+    json_t *ct = json_object_get(r, "chat_template");
+    if (json_is_string(ct)) en_chat_template_from_name(json_string_value(ct), &c->data_cfg.chat_template, NULL);
+#undef GI
+#undef GF
+#undef GB
+    en_free(p);
+    *keep = r; /* the strings above point into r; released by en_finetune_config_free */
+    return EN_OK;
+}
+
+void en_finetune_config_free(void *keep) {
+    if (keep) json_decref((json_t *)keep);
+}
+
+/* ---- the run ---- */
+
+typedef struct run {
+    const en_finetune_config *cfg;
+    en_backend *be;
+    en_tokenizer *tok;
+    en_model *model;
+    en_lora *lora;
+    en_dataset *train, *val;
+    en_train *tr;
+    float *m, *v; /* AdamW moments, same layout as the trainable params */
+    size_t n_params;
+    int B, T, accum;
+    int64_t total_steps, step, epoch, cursor;
+    int64_t *perm;
+    int32_t *inputs, *targets; /* (accum, B, T) */
+    en_metrics *metrics;
+    en_progress *progress;
+    double t_start;
+    int64_t tokens_seen;
+} run;
+
+static void warn_cb(const char *msg, void *user) {
+    (void)user;
+    en_log(EN_LOG_WARN, "%s", msg);
+}
+
+static float lr_at(const run *r, int64_t step) {
+    const en_finetune_config *c = r->cfg;
+    if (c->warmup > 0 && step < c->warmup) return c->lr * (float)(step + 1) / (float)c->warmup;
+    double span = (double)(r->total_steps - c->warmup);
+    double prog = span > 0 ? (double)(step - c->warmup) / span : 1.0;
+    if (prog > 1) prog = 1;
+    double min_lr = c->lr * c->min_lr_ratio;
+    return (float)(min_lr + 0.5 * (c->lr - min_lr) * (1 + cos(M_PI * prog)));
+}
+
+/* Fill the step's (accum * B) windows from the epoch order. */
+static void next_windows(run *r) {
+    const int64_t nw = en_dataset_n_windows(r->train);
+    for (int i = 0; i < r->accum * r->B; i++) {
+        if (r->cursor == nw) {
+            r->epoch++;
+            r->cursor = 0;
+            en_dataset_order(r->train, r->cfg->seed, r->epoch, r->perm);
+        }
+        int64_t w = r->perm[r->cursor++];
+        en_dataset_window(r->train, w, r->inputs + (size_t)i * r->T, r->targets + (size_t)i * r->T);
+    }
+}
+
+static en_status evaluate(run *r, double *val_loss, en_err *err) {
+    *val_loss = NAN;
+    if (!r->val) return EN_OK;
+    const int64_t nw = en_dataset_n_windows(r->val);
+    int64_t n_mb = (nw + r->B - 1) / r->B;
+    if (r->cfg->eval_batches > 0 && n_mb > r->cfg->eval_batches) n_mb = r->cfg->eval_batches;
+    double sum = 0;
+    int64_t cnt = 0;
+    for (int64_t b = 0; b < n_mb; b++) {
+        for (int i = 0; i < r->B; i++) {
+            int64_t w = b * r->B + i;
+            int32_t *in = r->inputs + (size_t)i * r->T, *tg = r->targets + (size_t)i * r->T;
+            if (w < nw) {
+                en_dataset_window(r->val, w, in, tg);
+            } else { /* pad the last micro-batch with untrained rows */
+                for (int t = 0; t < r->T; t++) in[t] = 0, tg[t] = -1;
+            }
+        }
+        double s;
+        int64_t n;
+        EN_TRY(en_train_loss(r->tr, r->inputs, r->targets, &s, &n, err));
+        sum += s;
+        cnt += n;
+    }
+    if (cnt) *val_loss = sum / (double)cnt;
+    return EN_OK;
+}
+
+/* Items of the trainable tensors (host views; CPU backend). */
+static en_st_writer_item *param_items(run *r, const float *base, const char *prefix,
+                                      char (*names)[160]) {
+    int n = en_train_n_tensors(r->tr);
+    en_st_writer_item *items = en_calloc((size_t)n, sizeof *items);
+    if (!items) return NULL;
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        size_t off, ne;
+        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
+        snprintf(names[i], 160, "%s%s", prefix, name);
+        items[i].name = names[i];
+        items[i].dtype = EN_DTYPE_F32;
+        items[i].n_dims = 1;
+        items[i].shape[0] = (int64_t)ne;
+        items[i].data = base + off;
+    }
+    return items;
+}
+
+static en_status save_checkpoint(run *r, en_err *err) {
+    const en_finetune_config *c = r->cfg;
+    en_ckpt_writer *w = NULL;
+    EN_TRY(en_ckpt_begin(c->run_dir, r->step, &w, err));
+    int n = en_train_n_tensors(r->tr);
+    char(*names)[160] = en_calloc((size_t)n, 160);
+    en_status s = names ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    /* weights or adapter */
+    if (s == EN_OK && r->lora) {
+        s = en_lora_save_peft(r->lora, c->model_dir, en_ckpt_writer_dir(w), err);
+        if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_config.json", err);
+        if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_model.safetensors", err);
+    } else if (s == EN_OK) {
+        char *path = en_path_join(en_ckpt_writer_dir(w), "model.safetensors");
+        s = path ? en_model_save_safetensors(r->model, path, err)
+                 : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        en_free(path);
+        if (s == EN_OK) s = en_ckpt_add_existing(w, "model.safetensors", err);
+    }
+    /* optimizer moments */
+    if (s == EN_OK) {
+        char(*mn)[160] = en_calloc((size_t)n * 2, 160);
+        en_st_writer_item *all = en_calloc((size_t)n * 2, sizeof *all);
+        en_st_writer_item *im = mn ? param_items(r, r->m, "m.", mn) : NULL;
+        en_st_writer_item *iv = mn ? param_items(r, r->v, "v.", mn + n) : NULL;
+        if (!mn || !all || !im || !iv) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        } else {
+            memcpy(all, im, (size_t)n * sizeof *all);
+            memcpy(all + n, iv, (size_t)n * sizeof *all);
+            s = en_ckpt_write_safetensors(w, "optimizer.safetensors", all, 2 * n, err);
+        }
+        en_free(mn);
+        en_free(all);
+        en_free(im);
+        en_free(iv);
+    }
+    /* trainer state */
+    if (s == EN_OK) {
+        char buf[512];
+        int len = snprintf(buf, sizeof buf,
+                           "{\"magic\":\"%s\",\"version\":%d,\"step\":%lld,\"epoch\":%lld,"
+                           "\"cursor\":%lld,\"seed\":%llu,\"tokens_seen\":%lld,\"lora\":%s}\n",
+                           STATE_MAGIC, STATE_VERSION, (long long)r->step, (long long)r->epoch,
+                           (long long)r->cursor, (unsigned long long)c->seed,
+                           (long long)r->tokens_seen, r->lora ? "true" : "false");
+        s = en_ckpt_write_file(w, "trainer_state.json", buf, (size_t)len, err);
+    }
+    en_free(names);
+    if (s != EN_OK) {
+        en_ckpt_abort(w);
+        return s;
+    }
+    return en_ckpt_commit(w, c->keep, err);
+}
+
+/* Copy tensors named prefix+name from a safetensors file into base. */
+static en_status load_tensors(run *r, const char *path, const char *prefix, float *base,
+                              int lora_names, en_err *err) {
+    en_st_file f;
+    EN_TRY(en_st_open(path, &f, err));
+    en_status s = EN_OK;
+    for (int i = 0; i < en_train_n_tensors(r->tr) && s == EN_OK; i++) {
+        const char *name;
+        size_t off, ne;
+        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
+        char key[200];
+        snprintf(key, sizeof key, "%s%s", prefix, name);
+        const en_st_tensor *t = en_st_find(&f, key);
+        (void)lora_names;
+        if (!t || (size_t)t->n_elem != ne)
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing or has the wrong size",
+                       path, key);
+        else
+            s = en_st_to_f32(t, base + off, err);
+    }
+    en_st_close(&f);
+    return s;
+}
+
+static en_status load_checkpoint(run *r, en_err *err) {
+    const en_finetune_config *c = r->cfg;
+    char *dir = NULL;
+    int64_t step = 0;
+    EN_TRY(en_ckpt_find_latest(c->run_dir, &dir, &step, warn_cb, NULL, err));
+    char *text = NULL;
+    size_t len = 0;
+    en_status s = en_ckpt_read_file(dir, "trainer_state.json", &text, &len, err);
+    json_t *st = NULL;
+    if (s == EN_OK) {
+        json_error_t jerr;
+        st = json_loadb(text, len, 0, &jerr);
+        json_t *mg = st ? json_object_get(st, "magic") : NULL;
+        json_t *ver = st ? json_object_get(st, "version") : NULL;
+        if (!json_is_string(mg) || strcmp(json_string_value(mg), STATE_MAGIC) != 0 ||
+            !json_is_integer(ver) || json_integer_value(ver) != STATE_VERSION)
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s/trainer_state.json: not a version-%d trainer state",
+                       dir, STATE_VERSION);
+        else if (json_is_true(json_object_get(st, "lora")) != (r->lora != NULL))
+            s = EN_ERR(err, EN_ERR_ARG, "%s: checkpoint and run disagree about LoRA", dir);
+    }
+    if (s == EN_OK) {
+        r->step = json_integer_value(json_object_get(st, "step"));
+        r->epoch = json_integer_value(json_object_get(st, "epoch"));
+        r->cursor = json_integer_value(json_object_get(st, "cursor"));
+        r->tokens_seen = json_integer_value(json_object_get(st, "tokens_seen"));
+        if (r->cursor < 0 || r->cursor > en_dataset_n_windows(r->train))
+            s = EN_ERR(err, EN_ERR_FORMAT,
+                       "%s: data cursor %lld does not fit this dataset (%lld windows): the "
+                       "training data changed since the checkpoint",
+                       dir, (long long)r->cursor, (long long)en_dataset_n_windows(r->train));
+    }
+    char *wp = NULL, *op = NULL;
+    if (s == EN_OK) {
+        wp = en_path_join(dir, r->lora ? "adapter_model.safetensors" : "model.safetensors");
+        op = en_path_join(dir, "optimizer.safetensors");
+        size_t np;
+        float *p = en_train_params(r->tr, &np);
+        s = load_tensors(r, wp, "", p, r->lora != NULL, err);
+        if (s == EN_OK) s = load_tensors(r, op, "m.", r->m, 0, err);
+        if (s == EN_OK) s = load_tensors(r, op, "v.", r->v, 0, err);
+    }
+    if (s == EN_OK)
+        en_log(EN_LOG_INFO, "resuming from %s (step %lld, epoch %lld)", dir, (long long)r->step,
+               (long long)r->epoch);
+    en_free(wp);
+    en_free(op);
+    if (st) json_decref(st);
+    en_free(text);
+    en_free(dir);
+    return s;
+}
+
+static en_status write_plot(run *r, en_err *err) {
+    char *mp = en_path_join(r->cfg->run_dir, "metrics.jsonl");
+    char *sp = en_path_join(r->cfg->run_dir, "loss.svg");
+    double *ts = NULL, *tl = NULL, *vs = NULL, *vl = NULL;
+    int nt = 0, nv = 0;
+    en_status s = en_metrics_read_series(mp, &ts, &tl, &nt, &vs, &vl, &nv, err);
+    if (s == EN_OK) s = en_loss_svg_write(sp, "energon finetune: loss", ts, tl, nt, vs, vl, nv, err);
+    en_free(ts);
+    en_free(tl);
+    en_free(vs);
+    en_free(vl);
+    en_free(mp);
+    en_free(sp);
+    return s;
+}
+
+static en_status write_final(run *r, en_err *err) {
+    const en_finetune_config *c = r->cfg;
+    if (r->lora) return en_lora_save_peft(r->lora, c->model_dir, c->run_dir, err);
+    char *dir = en_path_join(c->run_dir, "model");
+    char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
+    char *tp = en_path_join(c->model_dir, "tokenizer.model");
+    en_status s = (dir && st && tp) ? en_mkdir_p(dir, err) : EN_ERR(err, EN_ERR_NOMEM, "oom");
+    if (s == EN_OK) s = en_model_save_safetensors(r->model, st, err);
+    const en_model_hparams *hp = en_model_get_hparams(r->model);
+    if (s == EN_OK) s = en_hf_write_config(hp, dir, err);
+    if (s == EN_OK)
+        s = en_hf_write_tokenizer(tp, en_tokenizer_bos(r->tok), en_tokenizer_eos(r->tok), dir,
+                                  err);
+    en_free(dir);
+    en_free(st);
+    en_free(tp);
+    return s;
+}
+
+static void run_free(run *r) {
+    en_progress_destroy(r->progress);
+    en_metrics_close(r->metrics);
+    en_train_destroy(r->tr);
+    en_free(r->m);
+    en_free(r->v);
+    en_free(r->perm);
+    en_free(r->inputs);
+    en_free(r->targets);
+    en_dataset_destroy(r->train);
+    en_dataset_destroy(r->val);
+    if (r->model) en_model_set_lora(r->model, NULL, NULL);
+    en_lora_destroy(r->lora);
+    en_model_destroy(r->model);
+    en_tokenizer_destroy(r->tok);
+    en_backend_destroy(r->be);
+}
+
+static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
+    const en_data_stats *st = en_dataset_stats(ds);
+    en_log(EN_LOG_INFO,
+           "%s: %lld records, %lld tokens (%lld trained) in %lld windows of %d tokens%s", what,
+           (long long)st->n_records, (long long)st->n_tokens, (long long)st->n_trained_tokens,
+           (long long)st->n_windows, seq_len, "");
+    if (st->n_bad_skipped)
+        en_log(EN_LOG_WARN, "%s: skipped %lld malformed records (first: %s)", what,
+               (long long)st->n_bad_skipped,
+               en_dataset_first_skipped(ds) ? en_dataset_first_skipped(ds) : "?");
+    if (st->n_truncated)
+        en_log(EN_LOG_WARN,
+               "%s: %lld records were longer than --seq-len %d + 1 tokens and were truncated "
+               "(their ends take no loss); consider a larger --seq-len",
+               what, (long long)st->n_truncated, seq_len);
+}
+
+en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile sig_atomic_t *stop,
+                          en_finetune_result *res, en_err *err) {
+    run R;
+    memset(&R, 0, sizeof R);
+    run *r = &R;
+    r->cfg = cfg;
+    res->steps_done = 0;
+    res->last_loss = res->last_val_loss = NAN;
+    res->interrupted = 0;
+    en_status s;
+    char *tp = NULL;
+
+    if (cfg->n_data < 1) return EN_ERR(err, EN_ERR_ARG, "--data FILE is required");
+    if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "--batch must be >= 1");
+    en_backend_config bc = en_backend_config_default();
+    bc.n_threads = cfg->n_threads;
+    if ((s = en_backend_cpu_create(&bc, &r->be, err)) != EN_OK) goto fail;
+    tp = en_path_join(cfg->model_dir, "tokenizer.model");
+    if (!tp) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (!en_path_exists(tp)) {
+        s = EN_ERR(err, EN_ERR_IO,
+                   "%s: the model directory has no tokenizer.model (a SentencePiece model is "
+                   "needed to read the training data)",
+                   cfg->model_dir);
+        goto fail;
+    }
+    if ((s = en_tokenizer_create(tp, &r->tok, err)) != EN_OK) goto fail;
+    en_model_params mp = en_model_params_default();
+    mp.backend = r->be;
+    if ((s = en_model_load(cfg->model_dir, &mp, &r->model, err)) != EN_OK) goto fail;
+    const en_model_hparams *hp = en_model_get_hparams(r->model);
+    if (en_tokenizer_n_vocab(r->tok) > hp->n_vocab) {
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: tokenizer.model has %d pieces but vocab_size is %d",
+                   cfg->model_dir, en_tokenizer_n_vocab(r->tok), hp->n_vocab);
+        goto fail;
+    }
+    r->T = cfg->data_cfg.seq_len;
+    r->B = cfg->batch;
+    if (r->T > hp->max_pos) {
+        s = EN_ERR(err, EN_ERR_ARG, "--seq-len %d exceeds the model's max_position_embeddings %d",
+                   r->T, hp->max_pos);
+        goto fail;
+    }
+    if (cfg->lora_rank > 0) {
+        en_lora_config lc = {cfg->lora_rank, cfg->lora_alpha, cfg->lora_targets};
+        if ((s = en_lora_create(r->be, hp, &lc, &r->lora, err)) != EN_OK) goto fail;
+        en_lora_init(r->lora, cfg->seed);
+        if ((s = en_model_set_lora(r->model, r->lora, err)) != EN_OK) goto fail;
+    }
+
+    /* data */
+    en_log(EN_LOG_INFO, "reading %d training file(s)", cfg->n_data);
+    if ((s = en_dataset_create(cfg->data, cfg->n_data, r->tok, &cfg->data_cfg, &r->train, err)) !=
+        EN_OK)
+        goto fail;
+    if (cfg->n_val_data > 0) {
+        if ((s = en_dataset_create(cfg->val_data, cfg->n_val_data, r->tok, &cfg->data_cfg, &r->val,
+                                   err)) != EN_OK) {
+            en_err_prefix(err, "--val-data");
+            goto fail;
+        }
+    } else if (cfg->val_fraction > 0) {
+        if ((s = en_dataset_split(r->train, cfg->val_fraction, cfg->seed, &r->val, err)) != EN_OK) {
+            en_err_prefix(err, "--val-fraction");
+            goto fail;
+        }
+    }
+    print_stats("train", r->train, r->T);
+    if (r->val) print_stats("validation", r->val, r->T);
+
+    /* schedule */
+    int64_t per_mb = (int64_t)r->B * r->T;
+    r->accum = cfg->batch_tokens > per_mb ? (int)((cfg->batch_tokens + per_mb - 1) / per_mb) : 1;
+    int64_t per_step = (int64_t)r->accum * r->B;
+    int64_t nw = en_dataset_n_windows(r->train);
+    r->total_steps = cfg->steps > 0 ? cfg->steps
+                                    : ((int64_t)cfg->epochs * nw + per_step - 1) / per_step;
+    if (r->total_steps < 1) r->total_steps = 1;
+
+    en_train_config tc = {r->B, r->T, 0};
+    if ((s = en_train_create(r->model, &tc, &r->tr, err)) != EN_OK) goto fail;
+    float *params = en_train_params(r->tr, &r->n_params);
+    (void)params;
+    r->m = en_calloc(r->n_params, sizeof(float));
+    r->v = en_calloc(r->n_params, sizeof(float));
+    r->perm = en_malloc((size_t)nw * sizeof(int64_t));
+    r->inputs = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
+    r->targets = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
+    if (!r->m || !r->v || !r->perm || !r->inputs || !r->targets) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for the optimizer state");
+        goto fail;
+    }
+    size_t act_layer = 0, act_total = en_train_activation_bytes(r->tr, &act_layer);
+    en_log(EN_LOG_INFO,
+           "%s: %zu trainable parameters%s; AdamW state %.1f MB; activations %.1f MB "
+           "(%.1f MB per layer)",
+           r->lora ? "LoRA" : "full fine-tuning", r->n_params,
+           r->lora ? " (base weights frozen: no gradients or optimizer state for them)" : "",
+           2.0 * r->n_params * 4 / 1e6, act_total / 1e6, act_layer / 1e6);
+    en_log(EN_LOG_INFO,
+           "batch: %d x %d tokens x %d accumulation = %lld tokens per step; %lld steps "
+           "(%.2f epochs of %lld windows)",
+           r->B, r->T, r->accum, (long long)(per_step * r->T), (long long)r->total_steps,
+           (double)(r->total_steps * per_step) / (double)nw, (long long)nw);
+
+    if ((s = en_mkdir_p(cfg->run_dir, err)) != EN_OK) goto fail;
+    r->epoch = 0;
+    r->cursor = 0;
+    if (resume) {
+        if ((s = load_checkpoint(r, err)) != EN_OK) goto fail;
+    } else {
+        if ((s = config_save(cfg, err)) != EN_OK) goto fail;
+    }
+    en_dataset_order(r->train, cfg->seed, r->epoch, r->perm);
+    if ((s = en_metrics_open(cfg->run_dir, resume ? r->step : -1, &r->metrics, err)) != EN_OK)
+        goto fail;
+    if ((s = en_progress_create(stderr, r->total_steps, r->step, cfg->log_every, &r->progress,
+                                err)) != EN_OK)
+        goto fail;
+
+    double val = NAN, last_loss = NAN;
+    r->t_start = en_time_now();
+    int64_t tokens_run = 0;
+    int64_t first_step = r->step;
+    while (r->step < r->total_steps) {
+        if (stop && *stop) {
+            res->interrupted = 1;
+            break;
+        }
+        double t0 = en_time_now();
+        next_windows(r);
+        int64_t n_tok = 0;
+        for (int64_t i = 0; i < per_step * r->T; i++) n_tok += r->targets[i] >= 0;
+        en_train_zero_grad(r->tr);
+        double sum = 0;
+        for (int a = 0; a < r->accum && n_tok > 0; a++) {
+            double ls;
+            int64_t lc;
+            size_t off = (size_t)a * r->B * r->T;
+            if ((s = en_train_fwd_bwd(r->tr, r->inputs + off, r->targets + off,
+                                      1.0f / (float)n_tok, &ls, &lc, err)) != EN_OK)
+                goto fail;
+            sum += ls;
+        }
+        double loss = n_tok ? sum / (double)n_tok : 0.0;
+        if (!isfinite(loss)) {
+            s = EN_ERR(err, EN_ERR_ARG,
+                       "the loss became %g at step %lld; lower --lr (now %g) or check the data",
+                       loss, (long long)r->step + 1, (double)cfg->lr);
+            goto fail;
+        }
+        /* clip by global norm, then AdamW per tensor */
+        float *g = en_train_grads(r->tr);
+        size_t np;
+        float *p = en_train_params(r->tr, &np);
+        double gnorm = sqrt(en_op_sumsq(r->be, g, np));
+        if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
+            en_op_scale(r->be, g, (float)(cfg->grad_clip / gnorm), np);
+        float lr = lr_at(r, r->step);
+        for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
+            size_t off, ne;
+            int decay;
+            en_train_tensor(r->tr, i, NULL, &off, &ne, &decay);
+            en_op_adamw(r->be, p + off, g + off, r->m + off, r->v + off, ne, lr, cfg->beta1,
+                        cfg->beta2, cfg->eps, decay ? cfg->weight_decay : 0.0f, (int)(r->step + 1));
+        }
+        r->step++;
+        r->tokens_seen += per_step * r->T;
+        tokens_run += per_step * r->T;
+        last_loss = loss;
+        double dt = en_time_now() - t0;
+        double tps = dt > 0 ? (double)(per_step * r->T) / dt : 0;
+        int do_eval = r->val && (r->step == r->total_steps ||
+                                 (cfg->eval_every > 0 && r->step % cfg->eval_every == 0));
+        if (do_eval && (s = evaluate(r, &val, err)) != EN_OK) goto fail;
+        char line[512];
+        int k = snprintf(line, sizeof line,
+                         "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
+                         "\"tokens\":%lld,\"trained_tokens\":%lld,\"tokens_per_s\":%.1f,"
+                         "\"epoch\":%lld",
+                         (long long)r->step, loss, (double)lr, gnorm, (long long)r->tokens_seen,
+                         (long long)n_tok, tps, (long long)r->epoch);
+        if (do_eval && isfinite(val)) k += snprintf(line + k, sizeof line - (size_t)k, ",\"val_loss\":%.6f", val);
+        snprintf(line + k, sizeof line - (size_t)k, "}");
+        if ((s = en_metrics_log(r->metrics, line, err)) != EN_OK) goto fail;
+        en_progress_update(r->progress, r->step, loss, do_eval ? val : NAN, tps);
+        if (do_eval && (s = write_plot(r, err)) != EN_OK) goto fail;
+        if (cfg->save_every > 0 && r->step % cfg->save_every == 0 && r->step < r->total_steps) {
+            if ((s = save_checkpoint(r, err)) != EN_OK) goto fail;
+        }
+    }
+    en_progress_finish(r->progress);
+    /* final (or interrupted) checkpoint, outputs, plot */
+    if (r->step > first_step || resume || r->step == r->total_steps) {
+        if ((s = save_checkpoint(r, err)) != EN_OK) goto fail;
+    }
+    if ((s = write_plot(r, err)) != EN_OK) goto fail;
+    if (!res->interrupted && (s = write_final(r, err)) != EN_OK) goto fail;
+    double el = en_time_now() - r->t_start;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    en_log(EN_LOG_INFO,
+           "%s at step %lld/%lld: loss %.4f; %.1f tokens/s; peak memory %.1f MB resident, "
+           "%.1f MB in energon's host allocations",
+           res->interrupted ? "interrupted" : "done", (long long)r->step,
+           (long long)r->total_steps, last_loss, el > 0 ? tokens_run / el : 0.0,
+           ru.ru_maxrss / 1024.0, en_mem_peak() / 1e6);
+    if (isfinite(val)) en_log(EN_LOG_INFO, "final validation loss %.4f", val);
+    en_log(EN_LOG_INFO, "outputs in %s: %s, metrics.jsonl, loss.svg, checkpoints/",
+           cfg->run_dir,
+           res->interrupted ? "(resume with --resume)"
+                            : (r->lora ? "adapter_config.json + adapter_model.safetensors"
+                                       : "model/"));
+    res->steps_done = r->step;
+    res->last_loss = last_loss;
+    res->last_val_loss = val;
+    en_free(tp);
+    run_free(r);
+    return EN_OK;
+fail:
+    if (r->progress) en_progress_finish(r->progress);
+    en_free(tp);
+    run_free(r);
+    return s;
+}

@@ -1,0 +1,393 @@
+/*
+ * lora.c - LoRA adapters: layout, PEFT-format I/O, merging. See lora.h.
+ */
+#include "lora.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/file.h"
+#include "../common/safetensors.h"
+#include "model_impl.h"
+
+static const struct {
+    const char *name;   /* our short name */
+    const char *module; /* HF module path inside a layer */
+    const char *peft;   /* PEFT target_modules entry */
+} k_targets[EN_LORA_N_TARGETS] = {
+    {"q", "self_attn.q_proj", "q_proj"},  {"k", "self_attn.k_proj", "k_proj"},
+    {"v", "self_attn.v_proj", "v_proj"},  {"o", "self_attn.o_proj", "o_proj"},
+    {"gate", "mlp.gate_proj", "gate_proj"}, {"up", "mlp.up_proj", "up_proj"},
+    {"down", "mlp.down_proj", "down_proj"},
+};
+
+const char *en_lora_target_name(int i) { return k_targets[i].name; }
+const char *en_lora_target_module(int i) { return k_targets[i].module; }
+
+en_status en_lora_targets_parse(const char *list, unsigned *mask, en_err *err) {
+    *mask = 0;
+    const char *p = list;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int found = -1;
+        for (int i = 0; i < EN_LORA_N_TARGETS; i++)
+            if ((strlen(k_targets[i].name) == n && strncmp(p, k_targets[i].name, n) == 0) ||
+                (strlen(k_targets[i].peft) == n && strncmp(p, k_targets[i].peft, n) == 0))
+                found = i;
+        if (found < 0)
+            return EN_ERR(err, EN_ERR_ARG,
+                          "unknown LoRA target '%.*s' (valid: q, k, v, o, gate, up, down)",
+                          (int)n, p);
+        *mask |= 1u << found;
+        p += n;
+        if (*p == ',') p++;
+    }
+    if (!*mask) return EN_ERR(err, EN_ERR_ARG, "the LoRA target list is empty");
+    return EN_OK;
+}
+
+typedef struct lora_tensor {
+    char name[128];
+    float *data;
+    int64_t shape[2];
+} lora_tensor;
+
+struct en_lora {
+    en_backend *be;
+    en_lora_config cfg;
+    en_model_hparams hp;
+    float *data; /* one allocation */
+    size_t n;
+    en_lora_pair *pairs; /* (n_layer, EN_LORA_N_TARGETS); A == NULL when not adapted */
+    lora_tensor *tensors;
+    int n_tensors;
+};
+
+/* in/out features of target i for these hyper-parameters */
+static void target_dims(const en_model_hparams *hp, int i, int *in, int *out) {
+    int C = hp->n_embd, F = hp->n_ff, QD = hp->n_head * hp->head_dim,
+        KVD = hp->n_kv_head * hp->head_dim;
+    switch (i) {
+    case 0: *in = C, *out = QD; break;
+    case 1: *in = C, *out = KVD; break;
+    case 2: *in = C, *out = KVD; break;
+    case 3: *in = QD, *out = C; break;
+    case 4: *in = C, *out = F; break;
+    case 5: *in = C, *out = F; break;
+    default: *in = F, *out = C; break;
+    }
+}
+
+en_status en_lora_create(en_backend *be, const en_model_hparams *hp, const en_lora_config *cfg,
+                         en_lora **out, en_err *err) {
+    *out = NULL;
+    if (cfg->rank < 1 || cfg->rank > 4096)
+        return EN_ERR(err, EN_ERR_ARG, "--lora-rank must be in [1, 4096], got %d", cfg->rank);
+    if (!(cfg->alpha > 0) || !isfinite(cfg->alpha))
+        return EN_ERR(err, EN_ERR_ARG, "--lora-alpha must be positive");
+    if (!cfg->targets || cfg->targets >= (1u << EN_LORA_N_TARGETS))
+        return EN_ERR(err, EN_ERR_ARG, "no valid LoRA targets");
+    en_lora *l = en_calloc(1, sizeof *l);
+    if (!l) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    l->be = be;
+    l->cfg = *cfg;
+    l->hp = *hp;
+    int nt = 0;
+    for (int i = 0; i < EN_LORA_N_TARGETS; i++) nt += (cfg->targets >> i) & 1;
+    l->pairs = en_calloc((size_t)hp->n_layer * EN_LORA_N_TARGETS, sizeof(en_lora_pair));
+    l->tensors = en_calloc((size_t)hp->n_layer * (size_t)nt * 2, sizeof(lora_tensor));
+    if (!l->pairs || !l->tensors) goto oom;
+    size_t off = 0;
+    const size_t r = (size_t)cfg->rank;
+    for (int layer = 0; layer < hp->n_layer; layer++)
+        for (int i = 0; i < EN_LORA_N_TARGETS; i++) {
+            if (!((cfg->targets >> i) & 1)) continue;
+            int in, o;
+            target_dims(hp, i, &in, &o);
+            off += r * (size_t)in + (size_t)o * r;
+        }
+    l->n = off;
+    l->data = en_backend_alloc(be, off * sizeof(float));
+    if (!l->data) goto oom;
+    off = 0;
+    for (int layer = 0; layer < hp->n_layer; layer++)
+        for (int i = 0; i < EN_LORA_N_TARGETS; i++) {
+            if (!((cfg->targets >> i) & 1)) continue;
+            int in, o;
+            target_dims(hp, i, &in, &o);
+            en_lora_pair *p = &l->pairs[layer * EN_LORA_N_TARGETS + i];
+            p->in = in;
+            p->out = o;
+            p->rank = cfg->rank;
+            p->A = l->data + off;
+            off += r * (size_t)in;
+            p->B = l->data + off;
+            off += (size_t)o * r;
+            lora_tensor *ta = &l->tensors[l->n_tensors++];
+            snprintf(ta->name, sizeof ta->name, "base_model.model.model.layers.%d.%s.lora_A.weight",
+                     layer, k_targets[i].module);
+            ta->data = p->A;
+            ta->shape[0] = cfg->rank;
+            ta->shape[1] = in;
+            lora_tensor *tb = &l->tensors[l->n_tensors++];
+            snprintf(tb->name, sizeof tb->name, "base_model.model.model.layers.%d.%s.lora_B.weight",
+                     layer, k_targets[i].module);
+            tb->data = p->B;
+            tb->shape[0] = o;
+            tb->shape[1] = cfg->rank;
+        }
+    *out = l;
+    return EN_OK;
+oom:
+    en_lora_destroy(l);
+    return EN_ERR(err, EN_ERR_NOMEM, "out of memory for LoRA adapters");
+}
+
+void en_lora_destroy(en_lora *l) {
+    if (!l) return;
+    if (l->data) en_backend_free(l->be, l->data);
+    en_free(l->pairs);
+    en_free(l->tensors);
+    en_free(l);
+}
+
+const en_lora_config *en_lora_get_config(const en_lora *l) { return &l->cfg; }
+float en_lora_scale(const en_lora *l) { return l->cfg.alpha / (float)l->cfg.rank; }
+
+const en_lora_pair *en_lora_get(const en_lora *l, int layer, int target) {
+    const en_lora_pair *p = &l->pairs[layer * EN_LORA_N_TARGETS + target];
+    return p->A ? p : NULL;
+}
+
+float *en_lora_data(en_lora *l, size_t *n) {
+    if (n) *n = l->n;
+    return l->data;
+}
+
+int en_lora_n_tensors(const en_lora *l) { return l->n_tensors; }
+
+void en_lora_tensor(const en_lora *l, int i, const char **name, float **data, int64_t shape[2]) {
+    *name = l->tensors[i].name;
+    *data = l->tensors[i].data;
+    shape[0] = l->tensors[i].shape[0];
+    shape[1] = l->tensors[i].shape[1];
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void en_lora_init(en_lora *l, uint64_t seed) {
+    /* Host staging then one upload: the data may live on a device. */
+    float *h = en_calloc(l->n ? l->n : 1, sizeof(float));
+    if (!h) return;
+    uint64_t s = seed ^ 0x4c6f5241ull; /* "LoRA" */
+    for (int t = 0; t < l->n_tensors; t += 2) {
+        lora_tensor *ta = &l->tensors[t];
+        size_t off = (size_t)(ta->data - l->data);
+        size_t n = (size_t)(ta->shape[0] * ta->shape[1]);
+        double bound = 1.0 / sqrt((double)ta->shape[1]);
+        for (size_t i = 0; i < n; i++) {
+            double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53;
+            h[off + i] = (float)((2 * u - 1) * bound);
+        }
+        /* B (tensor t+1) stays zero */
+    }
+    en_backend_upload(l->be, l->data, h, l->n * sizeof(float));
+    en_free(h);
+}
+
+/* ---- PEFT I/O ---- */
+
+en_status en_lora_save_peft(const en_lora *l, const char *base_model_dir, const char *dir,
+                            en_err *err) {
+    EN_TRY(en_mkdir_p(dir, err));
+    json_t *r = json_object();
+    json_object_set_new(r, "peft_type", json_string("LORA"));
+    json_object_set_new(r, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(r, "r", json_integer(l->cfg.rank));
+    json_object_set_new(r, "lora_alpha", json_real(l->cfg.alpha));
+    json_object_set_new(r, "lora_dropout", json_real(0.0));
+    json_object_set_new(r, "bias", json_string("none"));
+    json_object_set_new(r, "fan_in_fan_out", json_false());
+    json_object_set_new(r, "inference_mode", json_true());
+    json_object_set_new(r, "base_model_name_or_path",
+                        json_string(base_model_dir ? base_model_dir : ""));
+    json_t *tm = json_array();
+    for (int i = 0; i < EN_LORA_N_TARGETS; i++)
+        if ((l->cfg.targets >> i) & 1) json_array_append_new(tm, json_string(k_targets[i].peft));
+    json_object_set_new(r, "target_modules", tm);
+    char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(r);
+    char *cp = en_path_join(dir, "adapter_config.json");
+    char *sp = en_path_join(dir, "adapter_model.safetensors");
+    en_st_writer_item *items = en_calloc((size_t)(l->n_tensors ? l->n_tensors : 1), sizeof *items);
+    float *host = en_malloc((l->n ? l->n : 1) * sizeof(float));
+    en_status s;
+    if (!text || !cp || !sp || !items || !host) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    s = en_file_write_atomic(cp, text, strlen(text), err);
+    if (s != EN_OK) goto done;
+    en_backend_download(l->be, host, l->data, l->n * sizeof(float));
+    for (int i = 0; i < l->n_tensors; i++) {
+        items[i].name = l->tensors[i].name;
+        items[i].dtype = EN_DTYPE_F32;
+        items[i].n_dims = 2;
+        items[i].shape[0] = l->tensors[i].shape[0];
+        items[i].shape[1] = l->tensors[i].shape[1];
+        items[i].data = host + (l->tensors[i].data - l->data);
+    }
+    s = en_st_write(sp, items, l->n_tensors, EN_DTYPE_F32, err);
+done:
+    free(text);
+    en_free(cp);
+    en_free(sp);
+    en_free(items);
+    en_free(host);
+    return s;
+}
+
+en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const char *dir,
+                            en_lora **out, en_err *err) {
+    *out = NULL;
+    char *cp = en_path_join(dir, "adapter_config.json");
+    char *sp = en_path_join(dir, "adapter_model.safetensors");
+    char *text = NULL;
+    size_t len = 0;
+    json_t *root = NULL;
+    en_st_file st;
+    int st_open = 0;
+    en_lora *l = NULL;
+    float *staging = NULL;
+    en_status s;
+    if (!cp || !sp) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    s = en_file_read_all(cp, &text, &len, err);
+    if (s != EN_OK) goto done;
+    json_error_t jerr;
+    root = json_loadb(text, len, 0, &jerr);
+    if (!json_is_object(root)) {
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: invalid JSON (%s)", cp, root ? "not an object" : jerr.text);
+        goto done;
+    }
+    json_t *pt = json_object_get(root, "peft_type");
+    if (pt && (!json_is_string(pt) || strcmp(json_string_value(pt), "LORA") != 0)) {
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: peft_type must be \"LORA\"", cp);
+        goto done;
+    }
+    json_t *jr = json_object_get(root, "r"), *ja = json_object_get(root, "lora_alpha");
+    json_t *jt = json_object_get(root, "target_modules");
+    if (!json_is_integer(jr) || !json_is_number(ja) || !json_is_array(jt)) {
+        s = EN_ERR(err, EN_ERR_FORMAT,
+                   "%s: needs integer 'r', number 'lora_alpha' and array 'target_modules'", cp);
+        goto done;
+    }
+    static const char *const unsupported[] = {"use_rslora", "use_dora", "fan_in_fan_out"};
+    for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
+        if (json_is_true(json_object_get(root, unsupported[u]))) {
+            s = EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: %s=true is not supported", cp,
+                       unsupported[u]);
+            goto done;
+        }
+    json_t *fi = json_object_get(root, "fan_in_fan_out");
+    if (json_is_true(fi)) {
+        s = EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: fan_in_fan_out=true is not supported", cp);
+        goto done;
+    }
+    en_lora_config cfg = {(int)json_integer_value(jr), (float)json_number_value(ja), 0};
+    size_t i;
+    json_t *v;
+    json_array_foreach(jt, i, v) {
+        unsigned m = 0;
+        if (!json_is_string(v) || en_lora_targets_parse(json_string_value(v), &m, err) != EN_OK) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: target_modules[%zu] is not one of q_proj, k_proj, "
+                                           "v_proj, o_proj, gate_proj, up_proj, down_proj",
+                       cp, i);
+            goto done;
+        }
+        cfg.targets |= m;
+    }
+    s = en_lora_create(be, hp, &cfg, &l, err);
+    if (s != EN_OK) {
+        en_err_prefix(err, "%s", cp);
+        goto done;
+    }
+    s = en_st_open(sp, &st, err);
+    if (s != EN_OK) goto done;
+    st_open = 1;
+    staging = en_malloc((l->n ? l->n : 1) * sizeof(float));
+    if (!staging) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int t = 0; t < l->n_tensors; t++) {
+        lora_tensor *lt = &l->tensors[t];
+        const en_st_tensor *x = en_st_find(&st, lt->name);
+        if (!x) {
+            /* PEFT also writes names without the ".weight" of the adapter
+             * name ("...lora_A.default.weight" in memory); the saved form
+             * is the one we write. */
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing", sp, lt->name);
+            goto done;
+        }
+        if (x->n_dims != 2 || x->shape[0] != lt->shape[0] || x->shape[1] != lt->shape[1]) {
+            s = EN_ERR(err, EN_ERR_FORMAT,
+                       "%s: tensor '%s' has the wrong shape (want [%lld, %lld]; base model and "
+                       "adapter do not match?)",
+                       sp, lt->name, (long long)lt->shape[0], (long long)lt->shape[1]);
+            goto done;
+        }
+        s = en_st_to_f32(x, staging + (lt->data - l->data), err);
+        if (s != EN_OK) goto done;
+    }
+    en_backend_upload(be, l->data, staging, l->n * sizeof(float));
+    *out = l;
+    l = NULL;
+done:
+    en_free(staging);
+    if (st_open) en_st_close(&st);
+    if (root) json_decref(root);
+    en_free(text);
+    en_free(cp);
+    en_free(sp);
+    en_lora_destroy(l);
+    return s;
+}
+
+/* W(out, in) += s * B(out, r) A(r, in), on the host copy of the weights. */
+en_status en_lora_merge(const en_lora *l, en_model *m, en_err *err) {
+    const en_model_hparams *hp = &m->hp;
+    if (hp->n_layer != l->hp.n_layer || hp->n_embd != l->hp.n_embd || hp->n_ff != l->hp.n_ff)
+        return EN_ERR(err, EN_ERR_ARG, "the adapter was made for a different model shape");
+    const float s = en_lora_scale(l);
+    const int r = l->cfg.rank;
+    for (int layer = 0; layer < hp->n_layer; layer++) {
+        en_layer_w *w = &m->layers[layer];
+        float *targets[EN_LORA_N_TARGETS] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up,
+                                             w->w_down};
+        for (int i = 0; i < EN_LORA_N_TARGETS; i++) {
+            const en_lora_pair *p = en_lora_get(l, layer, i);
+            if (!p) continue;
+            float *W = targets[i];
+            /* CPU weights: plain loops in double for the r-term sum. */
+            for (int o = 0; o < p->out; o++)
+                for (int c = 0; c < p->in; c++) {
+                    double acc = 0;
+                    for (int k = 0; k < r; k++)
+                        acc += (double)p->B[(size_t)o * r + k] * (double)p->A[(size_t)k * p->in + c];
+                    W[(size_t)o * p->in + c] += (float)(s * acc);
+                }
+        }
+    }
+    return EN_OK;
+}

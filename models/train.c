@@ -1,0 +1,349 @@
+/*
+ * train.c - forward with saved activations and the backward pass of the
+ * Llama family. See train.h. The forward reuses en_llama_layer_fwd (the
+ * inference forward) with per-layer activation buffers; the backward walks
+ * the same steps in reverse, one backend op per forward op:
+ *
+ *   x_mid = x_in + o(attn(rope(q(n1)), rope(k(n1)), v(n1)))   n1 = rms(x_in)
+ *   x_out = x_mid + down(silu(gate(n2)) * up(n2))             n2 = rms(x_mid)
+ */
+#include "train.h"
+
+#include <string.h>
+
+#include "lora.h"
+#include "model_impl.h"
+
+typedef struct train_tensor {
+    const char *name;
+    size_t offset, n_elem;
+    int decay;
+} train_tensor;
+
+struct en_train {
+    en_model *m;
+    en_backend *be;
+    en_train_config cfg;
+    int N; /* B * T rows */
+    const en_lora *lora;
+    float *params; /* borrowed: model params or adapter data */
+    size_t n_params;
+    float *grads;  /* owned, same layout */
+    train_tensor *tensors;
+    int n_tensors;
+
+    /* activations (saved for backward) */
+    float *arena;
+    size_t arena_floats;
+    en_layer_acts *acts; /* (L) views into the arena */
+    float **k, **v;      /* (L) key / value rows (N, KVD) */
+    float *x;            /* (N, C) residual stream; the last layer's output */
+    float *xf;           /* (N, C) final rmsnorm output */
+    size_t per_layer_floats;
+    /* scratch (not saved) */
+    float *proj, *tmp, *lora_u, *lora_du;
+    float *dx, *dxn, *dq, *dk, *dv, *datt, *dgate, *dup, *dh, *dxf;
+    float *logits; /* (chunk, V) */
+    float *nll;    /* (chunk) */
+    float *scale;  /* (chunk) */
+    int32_t *pos;  /* (N) */
+};
+
+static void zero(float *p, size_t n) {
+    /* TODO(#6): a backend memset so this works on device buffers too. */
+    memset(p, 0, n * sizeof(float));
+}
+
+en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **out, en_err *err) {
+    *out = NULL;
+    const en_model_hparams *hp = &m->hp;
+    if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "batch must be >= 1");
+    if (cfg->seq_len < 1 || cfg->seq_len > hp->max_pos)
+        return EN_ERR(err, EN_ERR_ARG, "--seq-len %d must be in [1, %d] (max_position_embeddings)",
+                      cfg->seq_len, hp->max_pos);
+    en_train *t = en_calloc(1, sizeof *t);
+    if (!t) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    t->m = m;
+    t->be = m->be;
+    t->cfg = *cfg;
+    if (t->cfg.ce_chunk <= 0) t->cfg.ce_chunk = 256;
+    t->N = cfg->batch * cfg->seq_len;
+    t->lora = m->lora;
+    en_backend *be = m->be;
+    const size_t N = (size_t)t->N, C = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    const size_t QD = (size_t)hp->n_head * hp->head_dim, KVD = (size_t)hp->n_kv_head * hp->head_dim;
+    const size_t L = (size_t)hp->n_layer, V = (size_t)hp->n_vocab;
+    size_t chunk = (size_t)t->cfg.ce_chunk < N ? (size_t)t->cfg.ce_chunk : N;
+
+    /* trainable tensors */
+    if (t->lora) {
+        t->params = en_lora_data((en_lora *)t->lora, &t->n_params);
+        t->n_tensors = en_lora_n_tensors(t->lora);
+        t->tensors = en_calloc((size_t)t->n_tensors, sizeof(train_tensor));
+        if (!t->tensors) goto oom;
+        for (int i = 0; i < t->n_tensors; i++) {
+            float *d;
+            int64_t sh[2];
+            en_lora_tensor(t->lora, i, &t->tensors[i].name, &d, sh);
+            t->tensors[i].offset = (size_t)(d - t->params);
+            t->tensors[i].n_elem = (size_t)(sh[0] * sh[1]);
+            t->tensors[i].decay = 1;
+        }
+    } else {
+        t->params = m->params;
+        t->n_params = m->n_params;
+        t->n_tensors = m->n_specs;
+        t->tensors = en_calloc((size_t)t->n_tensors, sizeof(train_tensor));
+        if (!t->tensors) goto oom;
+        for (int i = 0; i < t->n_tensors; i++) {
+            const en_param_spec *sp = &m->specs[i];
+            size_t nl = strlen(sp->name);
+            int is_norm = nl >= 11 && strcmp(sp->name + nl - 11, "norm.weight") == 0;
+            int is_bias = nl >= 5 && strcmp(sp->name + nl - 5, ".bias") == 0;
+            t->tensors[i].name = sp->name;
+            t->tensors[i].offset = sp->offset;
+            t->tensors[i].n_elem = sp->n_elem;
+            t->tensors[i].decay = !(is_norm || is_bias);
+        }
+    }
+    t->grads = en_backend_alloc(be, t->n_params * sizeof(float));
+    if (!t->grads) goto oom;
+
+    /* activation arena: per layer x_in, xn1, x_mid, xn2 (C); q, att (QD);
+     * k, v (KVD); gate, up, h (F) -- then x and xf */
+    t->per_layer_floats = N * (4 * C + 2 * QD + 2 * KVD + 3 * F);
+    t->arena_floats = L * t->per_layer_floats + 2 * N * C;
+    t->arena = en_backend_alloc(be, t->arena_floats * sizeof(float));
+    t->acts = en_calloc(L, sizeof(en_layer_acts));
+    t->k = en_calloc(L, sizeof(float *));
+    t->v = en_calloc(L, sizeof(float *));
+    if (!t->arena || !t->acts || !t->k || !t->v) goto oom;
+    size_t wide = C > F ? C : F;
+    if (QD > wide) wide = QD;
+    size_t r = t->lora ? (size_t)en_lora_get_config(t->lora)->rank : 0;
+    t->proj = en_backend_alloc(be, N * C * sizeof(float));
+    t->tmp = en_backend_alloc(be, N * wide * sizeof(float));
+    t->dx = en_backend_alloc(be, N * C * sizeof(float));
+    t->dxn = en_backend_alloc(be, N * C * sizeof(float));
+    t->dxf = en_backend_alloc(be, N * C * sizeof(float));
+    t->dq = en_backend_alloc(be, N * QD * sizeof(float));
+    t->datt = en_backend_alloc(be, N * QD * sizeof(float));
+    t->dk = en_backend_alloc(be, N * KVD * sizeof(float));
+    t->dv = en_backend_alloc(be, N * KVD * sizeof(float));
+    t->dgate = en_backend_alloc(be, N * F * sizeof(float));
+    t->dup = en_backend_alloc(be, N * F * sizeof(float));
+    t->dh = en_backend_alloc(be, N * F * sizeof(float));
+    t->logits = en_backend_alloc(be, chunk * V * sizeof(float));
+    t->nll = en_backend_alloc(be, chunk * sizeof(float));
+    t->scale = en_backend_alloc(be, chunk * sizeof(float));
+    t->pos = en_malloc(N * sizeof(int32_t));
+    if (r) {
+        t->lora_u = en_backend_alloc(be, N * r * sizeof(float));
+        t->lora_du = en_backend_alloc(be, N * r * sizeof(float));
+        if (!t->lora_u || !t->lora_du) goto oom;
+    }
+    if (!t->proj || !t->tmp || !t->dx || !t->dxn || !t->dxf || !t->dq || !t->datt || !t->dk ||
+        !t->dv || !t->dgate || !t->dup || !t->dh || !t->logits || !t->nll || !t->scale || !t->pos)
+        goto oom;
+    float *p = t->arena;
+    for (size_t l = 0; l < L; l++) {
+        en_layer_acts *a = &t->acts[l];
+        a->x_in = p, p += N * C;
+        a->xn1 = p, p += N * C;
+        a->x_mid = p, p += N * C;
+        a->xn2 = p, p += N * C;
+        a->q = p, p += N * QD;
+        a->att = p, p += N * QD;
+        t->k[l] = p, p += N * KVD;
+        t->v[l] = p, p += N * KVD;
+        a->gate = p, p += N * F;
+        a->up = p, p += N * F;
+        a->h = p, p += N * F;
+        a->proj = t->proj;
+        a->tmp = t->tmp;
+        a->lora_u = t->lora_u;
+    }
+    t->x = p, p += N * C;
+    t->xf = p, p += N * C;
+    for (int i = 0; i < t->N; i++) t->pos[i] = i % cfg->seq_len;
+    *out = t;
+    return EN_OK;
+oom:
+    en_train_destroy(t);
+    return EN_ERR(err, EN_ERR_NOMEM,
+                  "out of memory for training buffers (batch %d x seq_len %d); lower --batch or "
+                  "--seq-len",
+                  cfg->batch, cfg->seq_len);
+}
+
+void en_train_destroy(en_train *t) {
+    if (!t) return;
+    en_backend *be = t->be;
+    float *bufs[] = {t->grads, t->arena, t->proj, t->tmp, t->lora_u, t->lora_du, t->dx, t->dxn,
+                     t->dq, t->dk, t->dv, t->datt, t->dgate, t->dup, t->dh, t->dxf, t->logits,
+                     t->nll, t->scale};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) en_backend_free(be, bufs[i]);
+    en_free(t->acts);
+    en_free(t->k);
+    en_free(t->v);
+    en_free(t->tensors);
+    en_free(t->pos);
+    en_free(t);
+}
+
+float *en_train_params(en_train *t, size_t *n) {
+    if (n) *n = t->n_params;
+    return t->params;
+}
+float *en_train_grads(en_train *t) { return t->grads; }
+int en_train_n_tensors(const en_train *t) { return t->n_tensors; }
+void en_train_tensor(const en_train *t, int i, const char **name, size_t *offset, size_t *n_elem,
+                     int *decay) {
+    if (name) *name = t->tensors[i].name;
+    if (offset) *offset = t->tensors[i].offset;
+    if (n_elem) *n_elem = t->tensors[i].n_elem;
+    if (decay) *decay = t->tensors[i].decay;
+}
+void en_train_zero_grad(en_train *t) { zero(t->grads, t->n_params); }
+
+size_t en_train_activation_bytes(const en_train *t, size_t *per_layer) {
+    if (per_layer) *per_layer = t->per_layer_floats * sizeof(float);
+    return t->arena_floats * sizeof(float);
+}
+
+/* Gradient buffer of a base weight, or NULL when the base is frozen. */
+static float *gw(const en_train *t, const float *w) {
+    if (t->lora || !w) return NULL;
+    return t->grads + (w - t->m->params);
+}
+
+/* Backward of en_linear_fwd: y = x W^T + b + s (x A^T) B^T. */
+static void linear_bwd(en_train *t, float *dx, float *dW, float *db, const float *dy,
+                       const float *x, const float *W, const en_lora_pair *lp, int M, int N,
+                       int K) {
+    en_backend *be = t->be;
+    en_op_matmul_bwd(be, dx, dW, db, dy, x, W, M, N, K);
+    if (!lp) return;
+    const float s = en_lora_scale(t->lora);
+    const int r = lp->rank;
+    float *dA = t->grads + (lp->A - t->params), *dB = t->grads + (lp->B - t->params);
+    /* u = s * x A^T (recomputed: M x r is cheap next to the base product) */
+    en_op_matmul(be, t->lora_u, x, lp->A, NULL, M, r, K);
+    en_op_scale(be, t->lora_u, s, (size_t)M * r);
+    /* dB += dy^T u ; du = s * dy B */
+    zero(t->lora_du, (size_t)M * r);
+    en_op_matmul_bwd(be, t->lora_du, dB, NULL, dy, t->lora_u, lp->B, M, N, r);
+    en_op_scale(be, t->lora_du, s, (size_t)M * r);
+    /* dA += du^T x ; dx += du A */
+    en_op_matmul_bwd(be, dx, dA, NULL, t->lora_du, x, lp->A, M, r, K);
+}
+
+static en_status check_batch(const en_train *t, const int32_t *inputs, const int32_t *targets,
+                             en_err *err) {
+    const int V = t->m->hp.n_vocab;
+    for (int i = 0; i < t->N; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V)
+            return EN_ERR(err, EN_ERR_ARG, "input token id %d at %d is outside [0, %d)", inputs[i],
+                          i, V);
+        if (targets[i] >= V)
+            return EN_ERR(err, EN_ERR_ARG, "target id %d at %d is outside [0, %d)", targets[i], i,
+                          V);
+    }
+    return EN_OK;
+}
+
+static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets, int backward,
+                     float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err) {
+    EN_TRY(check_batch(t, inputs, targets, err));
+    en_model *m = t->m;
+    en_backend *be = t->be;
+    const en_model_hparams *hp = &m->hp;
+    const int N = t->N, B = t->cfg.batch, T = t->cfg.seq_len;
+    const int C = hp->n_embd, F = hp->n_ff, H = hp->n_head, Hkv = hp->n_kv_head, D = hp->head_dim;
+    const int QD = H * D, KVD = Hkv * D, V = hp->n_vocab, L = hp->n_layer;
+    const en_lora *lo = t->lora;
+
+    /* ---- forward ---- */
+    en_op_embedding(be, t->x, m->tok_embd, inputs, N, C);
+    for (int l = 0; l < L; l++)
+        en_llama_layer_fwd(m, l, t->x, N, B, t->pos, t->k[l], t->v[l], 0, &t->acts[l]);
+    en_op_rmsnorm(be, t->xf, t->x, m->out_norm, hp->norm_eps, N, C);
+
+    /* ---- loss, fused with the output projection, chunk by chunk ---- */
+    double sum = 0;
+    int64_t count = 0;
+    if (backward) zero(t->dxf, (size_t)N * C);
+    float *dWlm = gw(t, m->lm_head);
+    for (int r0 = 0; r0 < N; r0 += t->cfg.ce_chunk) {
+        int rows = N - r0 < t->cfg.ce_chunk ? N - r0 : t->cfg.ce_chunk;
+        const float *xf = t->xf + (size_t)r0 * C;
+        en_op_matmul(be, t->logits, xf, m->lm_head, NULL, rows, V, C);
+        en_op_cross_entropy(be, t->nll, t->logits, targets + r0, rows, V);
+        for (int i = 0; i < rows; i++)
+            if (targets[r0 + i] >= 0) {
+                sum += t->nll[i];
+                count++;
+            }
+        if (!backward) continue;
+        for (int i = 0; i < rows; i++) t->scale[i] = grad_scale;
+        en_op_cross_entropy_bwd(be, t->logits, t->logits, targets + r0, t->scale, rows, V);
+        en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf, m->lm_head, rows,
+                         V, C);
+    }
+    *nll_sum = sum;
+    *n_tokens = count;
+    if (!backward) return EN_OK;
+
+    /* ---- backward ---- */
+    zero(t->dx, (size_t)N * C);
+    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->out_norm), t->dxf, t->x, m->out_norm, hp->norm_eps, N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const en_layer_acts *a = &t->acts[l];
+        const en_layer_w *w = &m->layers[l];
+#define LP(i) (lo ? en_lora_get(lo, l, (i)) : NULL)
+        /* MLP: x_out = x_mid + down(h), h = silu(gate) * up */
+        zero(t->dh, (size_t)N * F);
+        linear_bwd(t, t->dh, gw(t, w->w_down), NULL, t->dx, a->h, w->w_down, LP(6), N, C, F);
+        zero(t->dgate, (size_t)N * F);
+        zero(t->dup, (size_t)N * F);
+        en_op_swiglu_bwd(be, t->dgate, t->dup, t->dh, a->gate, a->up, (size_t)N * F);
+        zero(t->dxn, (size_t)N * C);
+        linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, a->xn2, w->w_gate, LP(4), N, F, C);
+        linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, a->xn2, w->w_up, LP(5), N, F, C);
+        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->ffn_norm), t->dxn, a->x_mid, w->ffn_norm,
+                          hp->norm_eps, N, C);
+        /* attention: x_mid = x_in + o(att) */
+        zero(t->datt, (size_t)N * QD);
+        linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), t->dx, a->att, w->wo, LP(3), N, C, QD);
+        zero(t->dq, (size_t)N * QD);
+        zero(t->dk, (size_t)N * KVD);
+        zero(t->dv, (size_t)N * KVD);
+        for (int sq = 0; sq < B; sq++) {
+            size_t qo = (size_t)sq * T * QD, ko = (size_t)sq * T * KVD;
+            en_op_attention_bwd(be, t->dq + qo, t->dk + ko, t->dv + ko, t->datt + qo, a->q + qo,
+                                (size_t)QD, t->k[l] + ko, t->v[l] + ko, (size_t)KVD,
+                                t->pos + (size_t)sq * T, T, T, H, Hkv, D, hp->sliding_window);
+        }
+        en_op_rope_bwd(be, t->dq, t->pos, N, H, D, (size_t)QD, hp->rope_theta);
+        en_op_rope_bwd(be, t->dk, t->pos, N, Hkv, D, (size_t)KVD, hp->rope_theta);
+        zero(t->dxn, (size_t)N * C);
+        linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, a->xn1, w->wq, LP(0), N, QD, C);
+        linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, a->xn1, w->wk, LP(1), N, KVD, C);
+        linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, a->xn1, w->wv, LP(2), N, KVD, C);
+        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->attn_norm), t->dxn, a->x_in, w->attn_norm,
+                          hp->norm_eps, N, C);
+#undef LP
+    }
+    if (!lo) en_op_embedding_bwd(be, gw(t, m->tok_embd), t->dx, inputs, N, C);
+    return EN_OK;
+}
+
+en_status en_train_fwd_bwd(en_train *t, const int32_t *inputs, const int32_t *targets,
+                           float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err) {
+    return run(t, inputs, targets, 1, grad_scale, nll_sum, n_tokens, err);
+}
+
+en_status en_train_loss(en_train *t, const int32_t *inputs, const int32_t *targets,
+                        double *nll_sum, int64_t *n_tokens, en_err *err) {
+    return run(t, inputs, targets, 0, 0.0f, nll_sum, n_tokens, err);
+}

@@ -1,0 +1,64 @@
+/*
+ * train.h - the training side of the transformer core: forward with saved
+ * activations, backward through every layer, and the loss, for batches of
+ * B sequences of T tokens. Front ends (finetune/) own the data, optimizer
+ * and schedule; this object owns gradients and the activation arena.
+ *
+ * What is trained: when the model has a LoRA adapter attached
+ * (en_model_set_lora) only the adapter is (the base is frozen and gets no
+ * gradient memory); otherwise every weight of the model is.
+ *
+ * Memory: every activation the backward pass needs is stored once per
+ * layer, except the attention probabilities (s x s per head), which the
+ * backward recomputes from q and k (Korthikanti et al. 2022's selective
+ * recomputation of the attention core). The cross-entropy is fused with the
+ * output projection in chunks of rows, so the (B*T, V) logits never exist.
+ */
+#ifndef EN_TRAIN_H
+#define EN_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/status.h"
+#include "model.h"
+
+typedef struct en_train_config {
+    int batch;    /* B sequences per micro-batch, >= 1 */
+    int seq_len;  /* T tokens per sequence, 1 .. max_position_embeddings */
+    int ce_chunk; /* rows per cross-entropy chunk; 0 = 256 */
+} en_train_config;
+
+typedef struct en_train en_train;
+
+/* Borrows m. All memory is allocated here (no allocation per step). */
+en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **out, en_err *err);
+void en_train_destroy(en_train *t);
+
+/* The trainable parameters (one allocation: the model's weights or the
+ * adapter's), their gradients in the same layout, and the named segments. */
+float *en_train_params(en_train *t, size_t *n);
+float *en_train_grads(en_train *t);
+int en_train_n_tensors(const en_train *t);
+/* decay: 0 for norms and biases (AdamW weight decay is not applied). */
+void en_train_tensor(const en_train *t, int i, const char **name, size_t *offset, size_t *n_elem,
+                     int *decay);
+void en_train_zero_grad(en_train *t);
+
+/* Forward and backward over one micro-batch: inputs and targets are
+ * (B, T); targets < 0 take no loss. Gradients ACCUMULATE
+ * grad_scale * d(sum of nll)/d(params), so a caller that knows the number
+ * of trained tokens N of the whole accumulated batch passes 1/N and gets
+ * the gradient of the mean loss. *nll_sum and *n_tokens receive this
+ * micro-batch's loss sum and trained-token count. */
+en_status en_train_fwd_bwd(en_train *t, const int32_t *inputs, const int32_t *targets,
+                           float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err);
+/* Forward only (evaluation). */
+en_status en_train_loss(en_train *t, const int32_t *inputs, const int32_t *targets,
+                        double *nll_sum, int64_t *n_tokens, en_err *err);
+
+/* Bytes of activations held for the backward pass, per layer and in total
+ * (total includes the final norm and the cross-entropy chunk). */
+size_t en_train_activation_bytes(const en_train *t, size_t *per_layer);
+
+#endif

@@ -1,0 +1,177 @@
+/*
+ * test_train_grads.c - the backward pass against PyTorch autograd.
+ *
+ * For tiny llama (MHA; GQA + tied embeddings), mistral (sliding window) and
+ * qwen2 (q/k/v bias) models, full fine-tuning and LoRA (adapter written by
+ * PEFT), tests/fixtures/grad/<case>.safetensors holds a batch, the mean loss
+ * over its trained targets and the gradient of every trainable parameter,
+ * computed by torch (tests/gen/gen_grad_fixtures.py). Here the same batch
+ * goes through en_train_fwd_bwd; the loss and every gradient must agree
+ * within 1e-4 relative (max |diff| / max |ref| per tensor). Also: every
+ * trainable tensor has a reference and no reference is left unmatched,
+ * forward-only loss equals the training loss, two runs give bit-identical
+ * gradients, and LoRA keeps no gradient memory for the frozen base.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/backend.h"
+#include "common/file.h"
+#include "common/safetensors.h"
+#include "models/lora.h"
+#include "models/model.h"
+#include "models/train.h"
+#include "test_util.h"
+
+#define REL_TOL 1e-4
+
+static const struct {
+    const char *name, *model;
+    int lora;
+} k_cases[] = {
+    {"llama_mha_full", "llama_mha", 0},          {"llama_gqa_tied_full", "llama_gqa_tied", 0},
+    {"mistral_full", "mistral", 0},              {"qwen2_full", "qwen2", 0},
+    {"llama_gqa_tied_lora", "llama_gqa_tied", 1}, {"qwen2_lora", "qwen2", 1},
+};
+
+static void run_case(en_backend *be, int ci) {
+    char path[512], dir[512];
+    en_err err = {0};
+    snprintf(dir, sizeof dir, "%s/hf/%s", EN_FIXTURES, k_cases[ci].model);
+    snprintf(path, sizeof path, "%s/grad/%s.safetensors", EN_FIXTURES, k_cases[ci].name);
+    en_model_params mp = en_model_params_default();
+    mp.backend = be;
+    en_model *m = NULL;
+    en_lora *lora = NULL;
+    en_train *t = NULL;
+    en_st_file fx;
+    int fx_open = 0;
+    CHECK(en_model_load(dir, &mp, &m, &err) == EN_OK, "%s", err.msg);
+    if (!m) return;
+    if (k_cases[ci].lora) {
+        snprintf(dir, sizeof dir, "%s/grad/%s_adapter", EN_FIXTURES, k_cases[ci].name);
+        CHECK(en_lora_load_peft(be, en_model_get_hparams(m), dir, &lora, &err) == EN_OK, "%s",
+              err.msg);
+        if (!lora) goto done;
+        CHECK(en_model_set_lora(m, lora, &err) == EN_OK);
+    }
+    CHECK(en_st_open(path, &fx, &err) == EN_OK, "%s", err.msg);
+    if (err.status) goto done;
+    fx_open = 1;
+    const en_st_tensor *ti = en_st_find(&fx, "inputs"), *tt = en_st_find(&fx, "targets");
+    const en_st_tensor *tl = en_st_find(&fx, "loss");
+    CHECK(ti && tt && tl && ti->dtype == EN_DTYPE_I32 && ti->n_dims == 2);
+    if (!ti || !tt || !tl) goto done;
+    int B = (int)ti->shape[0], T = (int)ti->shape[1];
+    int32_t *inputs = malloc((size_t)B * T * sizeof(int32_t));
+    int32_t *targets = malloc((size_t)B * T * sizeof(int32_t));
+    memcpy(inputs, ti->data, (size_t)B * T * 4);
+    memcpy(targets, tt->data, (size_t)B * T * 4);
+    float ref_loss;
+    memcpy(&ref_loss, tl->data, 4);
+
+    en_train_config tc = {B, T, 5}; /* ce_chunk 5: several chunks of the fused loss */
+    CHECK(en_train_create(m, &tc, &t, &err) == EN_OK, "%s", err.msg);
+    if (!t) goto done_batch;
+    size_t n_par = 0;
+    en_train_params(t, &n_par);
+    if (lora) {
+        size_t n_lora = 0;
+        en_lora_data(lora, &n_lora);
+        CHECK(n_par == n_lora, "LoRA must train only the adapter (%zu vs %zu floats)", n_par,
+              n_lora);
+    }
+    int64_t n_tok = 0;
+    for (int i = 0; i < B * T; i++) n_tok += targets[i] >= 0;
+    double nll = 0;
+    int64_t cnt = 0;
+    en_train_zero_grad(t);
+    CHECK(en_train_fwd_bwd(t, inputs, targets, 1.0f / (float)n_tok, &nll, &cnt, &err) == EN_OK,
+          "%s", err.msg);
+    CHECK(cnt == n_tok);
+    double loss = nll / (double)cnt;
+    double lerr = (loss - ref_loss) / ref_loss;
+    CHECK(lerr < 1e-5 && lerr > -1e-5, "%s: loss %.7f want %.7f", k_cases[ci].name, loss,
+          (double)ref_loss);
+    size_t n_grad = n_par;
+    float *g1 = malloc(n_grad * sizeof(float));
+    memcpy(g1, en_train_grads(t), n_grad * sizeof(float));
+
+    /* every trainable tensor against its reference */
+    double worst = 0;
+    const char *worst_name = "";
+    int matched = 0;
+    for (int i = 0; i < en_train_n_tensors(t); i++) {
+        const char *name;
+        size_t off, n;
+        en_train_tensor(t, i, &name, &off, &n, NULL);
+        char key[256];
+        snprintf(key, sizeof key, "grad.%s", name);
+        const en_st_tensor *r = en_st_find(&fx, key);
+        CHECK(r != NULL, "%s: no reference gradient for %s", k_cases[ci].name, name);
+        if (!r) continue;
+        CHECK((size_t)r->n_elem == n, "%s: %s has %zu elements, reference %lld", k_cases[ci].name,
+              name, n, (long long)r->n_elem);
+        if ((size_t)r->n_elem != n) continue;
+        matched++;
+        float *ref = malloc(n * sizeof(float));
+        en_st_to_f32(r, ref, &err);
+        double e = en_test_max_rel_err(g1 + off, ref, n);
+        if (e > worst) {
+            worst = e;
+            worst_name = name;
+        }
+        if (e > REL_TOL) en_test_close_f32(name, g1 + off, ref, n, 0, REL_TOL);
+        CHECK(e <= REL_TOL, "%s: gradient of %s: max rel err %.3g", k_cases[ci].name, name, e);
+        free(ref);
+    }
+    int n_refs = 0;
+    for (int i = 0; i < fx.n_tensors; i++) n_refs += strncmp(fx.tensors[i].name, "grad.", 5) == 0;
+    CHECK(matched == n_refs, "%s: %d gradients matched, fixture has %d", k_cases[ci].name, matched,
+          n_refs);
+    printf("  %-22s loss %.6f (ref %.6f)  %3d gradients, worst rel err %.2e (%s)\n",
+           k_cases[ci].name, loss, (double)ref_loss, matched, worst, worst_name);
+
+    /* forward-only loss, and a second identical run */
+    double nll2 = 0;
+    int64_t cnt2 = 0;
+    CHECK(en_train_loss(t, inputs, targets, &nll2, &cnt2, &err) == EN_OK);
+    CHECK(nll2 == nll && cnt2 == cnt, "forward-only loss differs");
+    en_train_zero_grad(t);
+    en_train_fwd_bwd(t, inputs, targets, 1.0f / (float)n_tok, &nll2, &cnt2, &err);
+    CHECK(memcmp(g1, en_train_grads(t), n_grad * sizeof(float)) == 0,
+          "%s: two runs gave different gradients", k_cases[ci].name);
+    /* accumulation: a second call without zeroing doubles the gradient */
+    en_train_fwd_bwd(t, inputs, targets, 1.0f / (float)n_tok, &nll2, &cnt2, &err);
+    double acc_err = 0;
+    const float *g2 = en_train_grads(t);
+    for (size_t i = 0; i < n_grad; i++) {
+        double d = (double)g2[i] - 2.0 * g1[i];
+        if (d < 0) d = -d;
+        if (d > acc_err) acc_err = d;
+    }
+    CHECK(acc_err < 1e-6, "%s: gradients must accumulate (max diff %.3g)", k_cases[ci].name,
+          acc_err);
+    free(g1);
+done_batch:
+    free(inputs);
+    free(targets);
+done:
+    en_train_destroy(t);
+    if (fx_open) en_st_close(&fx);
+    en_model_destroy(m);
+    en_lora_destroy(lora);
+}
+
+int main(void) {
+    en_backend *be = NULL;
+    en_backend_config bc = en_backend_config_default();
+    bc.n_threads = 2;
+    en_err err = {0};
+    CHECK(en_backend_cpu_create(&bc, &be, &err) == EN_OK);
+    printf("gradients vs PyTorch autograd (tolerance %.0e relative):\n", REL_TOL);
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) run_case(be, (int)i);
+    en_backend_destroy(be);
+    return en_test_finish("test_train_grads");
+}
