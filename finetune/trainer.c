@@ -681,12 +681,12 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         if (do_eval && (s = evaluate(r, &val, err)) != EN_OK) goto fail;
         char line[512];
         int k = snprintf(line, sizeof line,
-                         "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
+                         "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.9g,\"grad_norm\":%.9g,"
                          "\"tokens\":%lld,\"trained_tokens\":%lld,\"tokens_per_s\":%.1f,"
                          "\"epoch\":%lld",
                          (long long)r->step, loss, (double)lr, gnorm, (long long)r->tokens_seen,
                          (long long)n_tok, tps, (long long)r->epoch);
-        if (do_eval && isfinite(val)) k += snprintf(line + k, sizeof line - (size_t)k, ",\"val_loss\":%.6f", val);
+        if (do_eval && isfinite(val)) k += snprintf(line + k, sizeof line - (size_t)k, ",\"val_loss\":%.17g", val);
         snprintf(line + k, sizeof line - (size_t)k, "}");
         if ((s = en_metrics_log(r->metrics, line, err)) != EN_OK) goto fail;
         en_progress_update(r->progress, r->step, loss, do_eval ? val : NAN, tps);
