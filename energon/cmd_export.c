@@ -1,7 +1,8 @@
 /*
  * cmd_export.c - `energon export`: merge a LoRA adapter into its base model
  * and write a plain Hugging Face directory (config.json, model.safetensors,
- * tokenizer files) that energon and transformers load without the adapter.
+ * tokenizer files when the base has them) that energon and transformers load
+ * without the adapter.
  */
 #include <stdio.h>
 #include <string.h>
@@ -22,7 +23,6 @@ static void usage(FILE *f) {
 
 int en_cmd_export(int argc, char **argv) {
     en_cli_load_opts lo = {0};
-    lo.need_tokenizer = 1;
     const char *out = NULL;
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
@@ -54,7 +54,9 @@ int en_cmd_export(int argc, char **argv) {
         !(st = en_path_join(out, "model.safetensors")) ||
         en_model_save_safetensors(cm.model, st, &err) ||
         en_hf_write_config(en_model_get_hparams(cm.model), out, &err) ||
-        en_hf_write_tokenizer(tp, en_tokenizer_bos(cm.tok), en_tokenizer_eos(cm.tok), out, &err)) {
+        (tp && en_path_exists(tp) &&
+         en_hf_write_tokenizer(tp, en_model_get_hparams(cm.model)->bos_id,
+                               en_model_get_hparams(cm.model)->eos_id, out, &err))) {
         en_cli_error(CMD, "%s", err.msg[0] ? err.msg : "out of memory");
         rc = EN_EXIT_ERROR;
     } else {
