@@ -1,0 +1,775 @@
+/*
+ * data.c - the data pipeline of data.h: files -> records -> token windows.
+ *
+ * Layout. The kept records' tokens lie back to back in one array (ids, plus
+ * one train byte per id), in file order. Packing keeps that order, and a
+ * truncated record stores only the tokens it keeps, so every window is one
+ * contiguous range of that array (plus padding at its end): a window is just
+ * {start, count}. A full window's successor starts at its last token (the
+ * one-token overlap), a padded window's successor at the next record. The
+ * records stay so that en_dataset_split can pack both halves again.
+ *
+ * Memory: 5 bytes per token plus 16 per record and per window. Tokenization
+ * is single-threaded (SentencePiece is fast next to a training step).
+ *
+ * What it leaves out: streaming datasets larger than memory, formats other
+ * than .txt/.jsonl, per-source sampling weights.
+ */
+#include "data.h"
+
+#include "../common/file.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define EN_DATA_MAX_SEQ_LEN (1 << 24)
+
+typedef struct rec {
+    int64_t off, len;  /* tokens [off, off+len) of the flat arrays */
+    uint8_t atomic;    /* prompt/completion or chat: never split */
+    uint8_t truncated; /* cut to seq_len + 1 tokens */
+} rec;
+
+typedef struct win {
+    int64_t start; /* first token in the flat arrays */
+    int64_t count; /* tokens used (2 .. seq_len + 1); the rest is padding */
+} win;
+
+struct en_dataset {
+    en_data_config cfg;
+    int32_t bos, pad;
+    int32_t *ids;   /* (n_tok,) all kept records back to back */
+    uint8_t *train; /* (n_tok,) 1: a loss is taken when this id is a target */
+    int64_t n_tok, cap_tok;
+    rec *recs;
+    int64_t n_recs, cap_recs;
+    win *wins;
+    int64_t n_wins, cap_wins;
+    en_data_stats stats;
+    char *first_skipped; /* message of the first skipped record, or NULL */
+};
+
+en_data_config en_data_config_default(void) {
+    en_data_config c;
+    memset(&c, 0, sizeof c);
+    c.seq_len = 1024;
+    c.chat_template = EN_CHAT_PLAIN;
+    return c;
+}
+
+/* ---- small helpers ---- */
+
+/* Offset of the first byte that is not well-formed UTF-8 (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF), or len. */
+static size_t utf8_first_invalid(const unsigned char *s, size_t len) {
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        size_t n;
+        unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            n = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            n = 3;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            n = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return i;
+        }
+        if (len - i < n || s[i + 1] < lo || s[i + 1] > hi) return i;
+        for (size_t k = 2; k < n; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+        i += n;
+    }
+    return len;
+}
+
+static int has_suffix(const char *s, size_t n, const char *suf) {
+    size_t m = strlen(suf);
+    return n >= m && memcmp(s + n - m, suf, m) == 0;
+}
+
+static int is_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
+    return 1;
+}
+
+static const char *json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "an unknown value";
+}
+
+/* splitmix64: the seeding generator (Steele, Lea, Flood 2014). */
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* xoshiro256** (Blackman, Vigna 2018). */
+typedef struct xoshiro {
+    uint64_t s[4];
+} xoshiro;
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(xoshiro *g) {
+    uint64_t *s = g->s;
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* Uniform in [0, n) without modulo bias (rejects the short top range). */
+static uint64_t xoshiro_below(xoshiro *g, uint64_t n) {
+    uint64_t threshold = (0 - n) % n; /* 2^64 mod n */
+    for (;;) {
+        uint64_t r = xoshiro_next(g);
+        if (r >= threshold) return r % n;
+    }
+}
+
+/* ---- loading ---- */
+
+typedef struct loader {
+    en_dataset *ds;
+    const en_tokenizer *tok;
+    en_err *err;
+} loader;
+
+/* A malformed record at path:line. With skip_bad_records it is counted (the
+ * first message kept) and EN_OK tells the caller to go on; otherwise the
+ * error is recorded and returned. */
+static en_status bad(loader *L, const char *path, int64_t line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static en_status bad(loader *L, const char *path, int64_t line, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!L->ds->cfg.skip_bad_records)
+        return EN_ERR(L->err, EN_ERR_FORMAT, "%s:%" PRId64 ": %s", path, line, msg);
+    L->ds->stats.n_bad_skipped++;
+    if (!L->ds->first_skipped) {
+        size_t n = strlen(path) + strlen(msg) + 32;
+        char *s = en_malloc(n);
+        if (s) {
+            snprintf(s, n, "%s:%" PRId64 ": %s", path, line, msg);
+            L->ds->first_skipped = s;
+        }
+    }
+    return EN_OK;
+}
+
+/* Append a record's tokens. train NULL means every token trains. Atomic
+ * records longer than seq_len + 1 keep their first seq_len + 1 tokens. */
+static en_status add_record(loader *L, const int32_t *ids, const uint8_t *train, int64_t n,
+                            int atomic) {
+    en_dataset *ds = L->ds;
+    int truncated = 0;
+    if (atomic && n > (int64_t)ds->cfg.seq_len + 1) {
+        n = (int64_t)ds->cfg.seq_len + 1;
+        truncated = 1;
+    }
+    if (ds->n_tok + n > ds->cap_tok) {
+        int64_t cap = ds->cap_tok ? ds->cap_tok : 4096;
+        while (cap < ds->n_tok + n)
+            cap *= 2;
+        int32_t *pi = en_realloc(ds->ids, (size_t)cap * sizeof *pi);
+        if (!pi) goto oom;
+        ds->ids = pi;
+        uint8_t *pt = en_realloc(ds->train, (size_t)cap);
+        if (!pt) goto oom;
+        ds->train = pt;
+        ds->cap_tok = cap;
+    }
+    if (ds->n_recs == ds->cap_recs) {
+        int64_t cap = ds->cap_recs ? 2 * ds->cap_recs : 256;
+        rec *pr = en_realloc(ds->recs, (size_t)cap * sizeof *pr);
+        if (!pr) goto oom;
+        ds->recs = pr;
+        ds->cap_recs = cap;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        int32_t id = ids[k];
+        int t = train && !ds->cfg.train_on_all ? train[k] != 0 : 1;
+        ds->ids[ds->n_tok + k] = id;
+        ds->train[ds->n_tok + k] = (uint8_t)(t && id != ds->bos); /* bos is never a target */
+    }
+    ds->recs[ds->n_recs++] = (rec){ds->n_tok, n, (uint8_t)(atomic != 0), (uint8_t)truncated};
+    ds->n_tok += n;
+    return EN_OK;
+oom:
+    return EN_ERR(L->err, EN_ERR_NOMEM, "data: out of memory for %" PRId64 " tokens",
+                  ds->n_tok + n);
+}
+
+/* A text document: bos + text + eos, every token trained. */
+static en_status add_text(loader *L, const char *path, int64_t line, const char *text, size_t n) {
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    en_status st = en_tokenizer_encode(L->tok, text, n, 1, &ids, &n_ids, L->err);
+    if (st != EN_OK) {
+        en_err_prefix(L->err, "%s:%" PRId64 ": ", path, line);
+        return st;
+    }
+    int32_t eos = en_tokenizer_eos(L->tok);
+    if (eos >= 0) {
+        int32_t *p = en_realloc(ids, (n_ids + 1) * sizeof *p);
+        if (!p) {
+            en_free(ids);
+            return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
+        }
+        ids = p;
+        ids[n_ids++] = eos;
+    }
+    st = add_record(L, ids, NULL, (int64_t)n_ids, 0);
+    en_free(ids);
+    return st;
+}
+
+/* A prompt/completion or chat record, rendered with the configured template. */
+static en_status add_chat(loader *L, const char *path, int64_t line, en_chat_render *r) {
+    int32_t *ids = NULL;
+    uint8_t *train = NULL;
+    size_t n = 0;
+    en_status st = en_chat_render_encode(r, L->tok, 1, 1, &ids, &train, &n, L->err);
+    if (st != EN_OK) {
+        en_err_prefix(L->err, "%s:%" PRId64 ": ", path, line);
+        return st;
+    }
+    st = add_record(L, ids, train, (int64_t)n, 1);
+    en_free(ids);
+    en_free(train);
+    return st;
+}
+
+/* {"messages": [...]} */
+static en_status jsonl_chat(loader *L, const char *path, int64_t line, json_t *messages) {
+    if (!json_is_array(messages))
+        return bad(L, path, line, "\"messages\" must be an array, got %s",
+                   json_type_name(messages));
+    size_t n = json_array_size(messages);
+    if (n == 0) return bad(L, path, line, "\"messages\" is empty");
+    if (n > 1000000) return bad(L, path, line, "\"messages\" has %zu entries (limit 1000000)", n);
+    en_chat_msg *msgs = en_malloc(n * sizeof *msgs);
+    if (!msgs) return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
+    en_status st = EN_OK;
+    int n_assistant = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(messages, i);
+        if (!json_is_object(m)) {
+            st =
+                bad(L, path, line, "messages[%zu] must be an object, got %s", i, json_type_name(m));
+            goto done;
+        }
+        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        if (!role || !content) {
+            st = bad(L, path, line, "messages[%zu] has no \"%s\"", i, role ? "content" : "role");
+            goto done;
+        }
+        if (!json_is_string(role) || !json_is_string(content)) {
+            const char *what = json_is_string(role) ? "content" : "role";
+            st = bad(L, path, line, "messages[%zu].%s must be a string, got %s", i, what,
+                     json_type_name(json_is_string(role) ? content : role));
+            goto done;
+        }
+        msgs[i].role = json_string_value(role);
+        msgs[i].content = json_string_value(content);
+    }
+    en_chat_render *r = NULL;
+    en_err cerr;
+    if (en_chat_render_create(L->ds->cfg.chat_template, msgs, (int)n, 0, &r, &cerr) != EN_OK) {
+        if (cerr.status == EN_ERR_NOMEM) {
+            st = EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
+            goto done;
+        }
+        st = bad(L, path, line, "%s", cerr.msg);
+        goto done;
+    }
+    size_t empty_at = n;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(msgs[i].role, "assistant") != 0) continue;
+        n_assistant++;
+        if (msgs[i].content[0] == 0 && empty_at == n) empty_at = i;
+    }
+    if (empty_at < n)
+        st = bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);
+    else if (n_assistant == 0)
+        st = bad(L, path, line, "no assistant message to train on");
+    else
+        st = add_chat(L, path, line, r);
+    en_chat_render_destroy(r);
+done:
+    en_free(msgs);
+    return st;
+}
+
+/* One non-blank line of a .jsonl file. */
+static en_status jsonl_record(loader *L, const char *path, int64_t line, const char *s, size_t n) {
+    size_t at = utf8_first_invalid((const unsigned char *)s, n);
+    if (at < n)
+        return bad(L, path, line, "invalid UTF-8 (byte 0x%02X at column %zu)",
+                   (unsigned)(unsigned char)s[at], at + 1);
+    json_error_t je;
+    json_t *root = json_loadb(s, n, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    if (!root) return bad(L, path, line, "invalid JSON: %s (column %d)", je.text, je.column);
+    en_status st = EN_OK;
+    if (!json_is_object(root)) {
+        st = bad(L, path, line, "expected a JSON object, got %s", json_type_name(root));
+        goto done;
+    }
+    json_t *text = json_object_get(root, "text"), *prompt = json_object_get(root, "prompt"),
+           *completion = json_object_get(root, "completion"),
+           *messages = json_object_get(root, "messages");
+    int pc = prompt || completion;
+    int shapes = (text != NULL) + pc + (messages != NULL);
+    if (shapes == 0) {
+        st = bad(L, path, line,
+                 "unknown record shape: expected \"text\", \"prompt\" and \"completion\", or "
+                 "\"messages\"");
+    } else if (shapes > 1) {
+        st = bad(L, path, line,
+                 "ambiguous record: it has %s and %s; use only one of \"text\", "
+                 "\"prompt\"/\"completion\", \"messages\"",
+                 text ? "\"text\"" : "\"prompt\"/\"completion\"",
+                 messages ? "\"messages\"" : "\"prompt\"/\"completion\"");
+    } else if (text) {
+        if (!json_is_string(text))
+            st = bad(L, path, line, "\"text\" must be a string, got %s", json_type_name(text));
+        else if (json_string_length(text) == 0)
+            st = bad(L, path, line, "\"text\" is empty");
+        else
+            st = add_text(L, path, line, json_string_value(text), json_string_length(text));
+    } else if (pc) {
+        if (!prompt || !completion) {
+            st = bad(L, path, line, "record has \"%s\" but no \"%s\"",
+                     prompt ? "prompt" : "completion", prompt ? "completion" : "prompt");
+        } else if (!json_is_string(prompt)) {
+            st = bad(L, path, line, "\"prompt\" must be a string, got %s", json_type_name(prompt));
+        } else if (!json_is_string(completion)) {
+            st = bad(L, path, line, "\"completion\" must be a string, got %s",
+                     json_type_name(completion));
+        } else if (json_string_length(completion) == 0) {
+            st = bad(L, path, line, "\"completion\" is empty");
+        } else {
+            en_chat_render *r = NULL;
+            st = en_chat_render_prompt_completion(L->ds->cfg.chat_template,
+                                                  json_string_value(prompt),
+                                                  json_string_value(completion), &r, L->err);
+            if (st != EN_OK)
+                en_err_prefix(L->err, "%s:%" PRId64 ": ", path, line);
+            else
+                st = add_chat(L, path, line, r);
+            en_chat_render_destroy(r);
+        }
+    } else {
+        st = jsonl_chat(L, path, line, messages);
+    }
+done:
+    json_decref(root);
+    return st;
+}
+
+static en_status load_jsonl(loader *L, const char *path, const char *buf, size_t len) {
+    int64_t line = 0, n_records = 0;
+    size_t pos = 0;
+    while (pos < len) {
+        const char *nl = memchr(buf + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - buf) : len;
+        size_t n = end - pos;
+        line++;
+        if (n > 0 && buf[pos + n - 1] == '\r') n--;
+        if (!is_blank(buf + pos, n)) {
+            n_records++;
+            EN_TRY(jsonl_record(L, path, line, buf + pos, n));
+        }
+        pos = end + 1;
+    }
+    if (n_records == 0) return EN_ERR(L->err, EN_ERR_FORMAT, "%s: empty file (no records)", path);
+    return EN_OK;
+}
+
+/* A document of a .txt file: text [0, n) starting at `line`. */
+static en_status txt_document(loader *L, const char *path, int64_t line, const char *s, size_t n) {
+    size_t at = utf8_first_invalid((const unsigned char *)s, n);
+    if (at < n) {
+        int64_t bad_line = line;
+        size_t line_start = 0;
+        for (size_t i = 0; i < at; i++)
+            if (s[i] == '\n') bad_line++, line_start = i + 1;
+        return bad(L, path, bad_line, "invalid UTF-8 (byte 0x%02X at column %zu)",
+                   (unsigned)(unsigned char)s[at], at - line_start + 1);
+    }
+    return add_text(L, path, line, s, n);
+}
+
+static en_status load_txt(loader *L, const char *path, const char *buf, size_t len) {
+    if (is_blank(buf, len)) return EN_ERR(L->err, EN_ERR_FORMAT, "%s: empty file (no text)", path);
+    if (!L->ds->cfg.doc_sep_blank) {
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+            len--;
+        return txt_document(L, path, 1, buf, len);
+    }
+    /* Documents are runs of non-blank lines. */
+    int64_t line = 0, doc_line = 0;
+    size_t pos = 0, doc_start = 0, doc_end = 0;
+    int in_doc = 0;
+    while (pos < len) {
+        const char *nl = memchr(buf + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - buf) : len;
+        line++;
+        if (is_blank(buf + pos, end - pos)) {
+            if (in_doc)
+                EN_TRY(txt_document(L, path, doc_line, buf + doc_start, doc_end - doc_start));
+            in_doc = 0;
+        } else {
+            if (!in_doc) doc_start = pos, doc_line = line, in_doc = 1;
+            doc_end = end > pos && buf[end - 1] == '\r' ? end - 1 : end;
+        }
+        pos = end + 1;
+    }
+    if (in_doc) EN_TRY(txt_document(L, path, doc_line, buf + doc_start, doc_end - doc_start));
+    return EN_OK;
+}
+
+static en_status load_file(loader *L, const char *path) {
+    size_t plen = strlen(path);
+    size_t base = has_suffix(path, plen, ".gz") ? plen - 3 : plen;
+    int jsonl = has_suffix(path, base, ".jsonl");
+    if (!jsonl && !has_suffix(path, base, ".txt"))
+        return EN_ERR(L->err, EN_ERR_ARG,
+                      "%s: unknown data format (expected .txt or .jsonl, optionally .gz)", path);
+    char *buf = NULL;
+    size_t len = 0;
+    EN_TRY(en_file_read_all(path, &buf, &len, L->err));
+    const char *s = buf;
+    if (len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3, len -= 3; /* byte order mark */
+    en_status st;
+    if (len == 0)
+        st = EN_ERR(L->err, EN_ERR_FORMAT, "%s: empty file", path);
+    else
+        st = jsonl ? load_jsonl(L, path, s, len) : load_txt(L, path, s, len);
+    en_free(buf);
+    if (st == EN_OK) L->ds->stats.n_files++;
+    return st;
+}
+
+/* ---- packing ---- */
+
+/* Record window {start, count} if any of its targets takes a loss. */
+static int close_window(en_dataset *ds, int64_t start, int64_t count) {
+    int64_t trained = 0;
+    for (int64_t t = 1; t < count; t++)
+        trained += ds->train[start + t];
+    if (trained == 0) return 1;
+    if (ds->n_wins == ds->cap_wins) {
+        int64_t cap = ds->cap_wins ? 2 * ds->cap_wins : 256;
+        win *p = en_realloc(ds->wins, (size_t)cap * sizeof *p);
+        if (!p) return 0;
+        ds->wins = p;
+        ds->cap_wins = cap;
+    }
+    ds->wins[ds->n_wins++] = (win){start, count};
+    ds->stats.n_trained_tokens += trained;
+    return 1;
+}
+
+/* Build the windows from the records (see data.h for the rules) and the
+ * stats that depend on them. Invariant: the open window covers
+ * [start, start + fill) and ends where the next record begins. */
+static en_status pack(en_dataset *ds, en_err *err) {
+    const int64_t W = (int64_t)ds->cfg.seq_len + 1;
+    en_free(ds->wins);
+    ds->n_wins = ds->cap_wins = 0;
+    ds->stats.n_records = ds->n_recs;
+    ds->stats.n_tokens = ds->n_tok;
+    ds->stats.n_trained_tokens = 0;
+    ds->stats.n_truncated = 0;
+    int64_t start = 0, fill = 0;
+    int ok = 1;
+    for (int64_t i = 0; i < ds->n_recs && ok; i++) {
+        const rec *r = &ds->recs[i];
+        ds->stats.n_truncated += r->truncated;
+        EN_ASSERT(start + fill == r->off);
+        if (r->atomic) {
+            if (fill + r->len > W) {
+                ok = close_window(ds, start, fill); /* padded */
+                start = r->off;
+                fill = 0;
+            }
+            fill += r->len;
+            if (ok && fill == W) {
+                ok = close_window(ds, start, fill);
+                start += W - 1; /* the next window starts with this one's last token */
+                fill = 1;
+            }
+        } else {
+            for (int64_t left = r->len; left > 0 && ok;) {
+                int64_t take = left < W - fill ? left : W - fill;
+                fill += take;
+                left -= take;
+                if (fill == W) {
+                    ok = close_window(ds, start, fill);
+                    start += W - 1;
+                    fill = 1;
+                }
+            }
+        }
+    }
+    if (ok) ok = close_window(ds, start, fill);
+    ds->stats.n_windows = ds->n_wins;
+    if (!ok) return EN_ERR(err, EN_ERR_NOMEM, "data: out of memory for the window table");
+    return EN_OK;
+}
+
+/* ---- public API ---- */
+
+static en_dataset *dataset_new(const en_data_config *cfg, const en_tokenizer *tok) {
+    en_dataset *ds = en_calloc(1, sizeof *ds);
+    if (!ds) return NULL;
+    ds->cfg = *cfg;
+    ds->bos = en_tokenizer_bos(tok);
+    int32_t eos = en_tokenizer_eos(tok);
+    ds->pad = eos >= 0 ? eos : 0;
+    return ds;
+}
+
+void en_dataset_destroy(en_dataset *ds) {
+    if (!ds) return;
+    en_free(ds->ids);
+    en_free(ds->train);
+    en_free(ds->recs);
+    en_free(ds->wins);
+    en_free(ds->first_skipped);
+    en_free(ds);
+}
+
+/* "a.txt, b.jsonl, ... and N more" for error messages. */
+static void file_list(const char *const *files, int n, char *out, size_t size) {
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        size_t need = strlen(files[i]) + 2;
+        if (i > 0 && len + need + 24 > size) {
+            snprintf(out + len, size - len, " and %d more", n - i);
+            return;
+        }
+        int w = snprintf(out + len, size - len, "%s%s", i ? ", " : "", files[i]);
+        if (w < 0 || (size_t)w >= size - len) return;
+        len += (size_t)w;
+    }
+}
+
+en_status en_dataset_create(const char *const *files, int n_files, const en_tokenizer *tok,
+                            const en_data_config *cfg, en_dataset **out, en_err *err) {
+    if (!out) return EN_ERR(err, EN_ERR_ARG, "en_dataset_create: out is NULL");
+    *out = NULL;
+    if (!tok || !cfg) return EN_ERR(err, EN_ERR_ARG, "en_dataset_create: NULL tokenizer or config");
+    if (!files || n_files <= 0) return EN_ERR(err, EN_ERR_ARG, "data: no data files given");
+    for (int i = 0; i < n_files; i++)
+        if (!files[i] || !files[i][0])
+            return EN_ERR(err, EN_ERR_ARG, "data: data file %d has an empty path", i);
+    if (cfg->seq_len < 2 || cfg->seq_len > EN_DATA_MAX_SEQ_LEN)
+        return EN_ERR(err, EN_ERR_ARG, "data: seq_len must be in [2, %d] (got %d)",
+                      EN_DATA_MAX_SEQ_LEN, cfg->seq_len);
+    if (strcmp(en_chat_template_name(cfg->chat_template), "unknown") == 0)
+        return EN_ERR(err, EN_ERR_ARG, "data: chat_template %d is not a valid template",
+                      (int)cfg->chat_template);
+
+    en_dataset *ds = dataset_new(cfg, tok);
+    if (!ds) return EN_ERR(err, EN_ERR_NOMEM, "data: out of memory");
+    loader L = {ds, tok, err};
+    en_status st = EN_OK;
+    for (int i = 0; i < n_files && st == EN_OK; i++)
+        st = load_file(&L, files[i]);
+    if (st == EN_OK) st = pack(ds, err);
+    if (st == EN_OK && ds->n_wins == 0) {
+        char names[400];
+        file_list(files, n_files, names, sizeof names);
+        if (ds->stats.n_bad_skipped > 0)
+            st = EN_ERR(err, EN_ERR_FORMAT,
+                        "no training data in %s: %" PRId64 " bad records skipped, %" PRId64
+                        " kept, no window has a trained token (first skipped: %s)",
+                        names, ds->stats.n_bad_skipped, ds->n_recs,
+                        ds->first_skipped ? ds->first_skipped : "?");
+        else
+            st = EN_ERR(err, EN_ERR_FORMAT,
+                        "no training data in %s: no window has a trained token (%" PRId64
+                        " records)",
+                        names, ds->n_recs);
+    }
+    if (st != EN_OK) {
+        en_dataset_destroy(ds);
+        return st;
+    }
+    *out = ds;
+    return EN_OK;
+}
+
+const en_data_stats *en_dataset_stats(const en_dataset *ds) { return ds ? &ds->stats : NULL; }
+int64_t en_dataset_n_windows(const en_dataset *ds) { return ds ? ds->n_wins : 0; }
+int en_dataset_seq_len(const en_dataset *ds) { return ds ? ds->cfg.seq_len : 0; }
+const char *en_dataset_first_skipped(const en_dataset *ds) { return ds ? ds->first_skipped : NULL; }
+
+void en_dataset_window(const en_dataset *ds, int64_t i, int32_t *inputs, int32_t *targets) {
+    EN_ASSERT(ds && i >= 0 && i < ds->n_wins && inputs && targets);
+    const win *w = &ds->wins[i];
+    const int S = ds->cfg.seq_len;
+    const int32_t *ids = ds->ids + w->start;
+    const uint8_t *train = ds->train + w->start;
+    for (int t = 0; t < S; t++) {
+        inputs[t] = t < w->count ? ids[t] : ds->pad;
+        targets[t] = t + 1 < w->count && train[t + 1] ? ids[t + 1] : -1;
+    }
+}
+
+/* A uniform draw in [0, 1) for record i, from the seed alone. */
+static double record_draw(uint64_t seed, int64_t i) {
+    uint64_t x = seed;
+    uint64_t k = splitmix64(&x) ^ (uint64_t)i;
+    return (double)(splitmix64(&k) >> 11) * 0x1.0p-53;
+}
+
+/* A new dataset with the records of ds whose side[i] == which, packed. */
+static en_status take_records(const en_dataset *ds, const uint8_t *side, int which,
+                              en_dataset **out, en_err *err) {
+    en_dataset *d = en_calloc(1, sizeof *d);
+    if (!d) return EN_ERR(err, EN_ERR_NOMEM, "split: out of memory");
+    d->cfg = ds->cfg;
+    d->bos = ds->bos;
+    d->pad = ds->pad;
+    int64_t n_tok = 0, n_recs = 0;
+    for (int64_t i = 0; i < ds->n_recs; i++)
+        if (side[i] == which) n_tok += ds->recs[i].len, n_recs++;
+    d->ids = en_malloc((size_t)(n_tok ? n_tok : 1) * sizeof *d->ids);
+    d->train = en_malloc((size_t)(n_tok ? n_tok : 1));
+    d->recs = en_malloc((size_t)(n_recs ? n_recs : 1) * sizeof *d->recs);
+    if (!d->ids || !d->train || !d->recs) {
+        en_dataset_destroy(d);
+        return EN_ERR(err, EN_ERR_NOMEM, "split: out of memory for %" PRId64 " tokens", n_tok);
+    }
+    d->cap_tok = n_tok;
+    d->cap_recs = n_recs;
+    for (int64_t i = 0; i < ds->n_recs; i++) {
+        if (side[i] != which) continue;
+        rec r = ds->recs[i];
+        memcpy(d->ids + d->n_tok, ds->ids + r.off, (size_t)r.len * sizeof *d->ids);
+        memcpy(d->train + d->n_tok, ds->train + r.off, (size_t)r.len);
+        r.off = d->n_tok;
+        d->recs[d->n_recs++] = r;
+        d->n_tok += r.len;
+    }
+    d->stats.n_files = ds->stats.n_files;
+    en_status st = pack(d, err);
+    if (st != EN_OK) {
+        en_dataset_destroy(d);
+        return st;
+    }
+    *out = d;
+    return EN_OK;
+}
+
+en_status en_dataset_split(en_dataset *ds, double fraction, uint64_t seed, en_dataset **val,
+                           en_err *err) {
+    if (!ds || !val) return EN_ERR(err, EN_ERR_ARG, "en_dataset_split: NULL argument");
+    *val = NULL;
+    if (!(fraction > 0 && fraction < 1))
+        return EN_ERR(err, EN_ERR_ARG, "validation fraction must be in (0, 1) (got %g)", fraction);
+    if (ds->n_recs < 2)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "cannot split a validation set from %" PRId64
+                      " record(s): need at least 2 documents or records",
+                      ds->n_recs);
+    uint8_t *side = en_malloc((size_t)ds->n_recs);
+    if (!side) return EN_ERR(err, EN_ERR_NOMEM, "split: out of memory");
+    int64_t n_val = 0, lo = 0, hi = 0;
+    double u_lo = 2, u_hi = -1;
+    for (int64_t i = 0; i < ds->n_recs; i++) {
+        double u = record_draw(seed, i);
+        side[i] = u < fraction;
+        n_val += side[i];
+        if (u < u_lo) u_lo = u, lo = i;
+        if (u > u_hi) u_hi = u, hi = i;
+    }
+    /* Keep both sides non-empty: move the record closest to the boundary. */
+    if (n_val == 0) side[lo] = 1;
+    if (n_val == ds->n_recs) side[hi] = 0;
+
+    en_dataset *tr = NULL, *va = NULL;
+    en_status st = take_records(ds, side, 0, &tr, err);
+    if (st == EN_OK) st = take_records(ds, side, 1, &va, err);
+    en_free(side);
+    if (st == EN_OK && (tr->n_wins == 0 || va->n_wins == 0))
+        st = EN_ERR(err, EN_ERR_FORMAT,
+                    "validation split: the %s set has no window with a trained token "
+                    "(its records were all truncated before their completions)",
+                    tr->n_wins == 0 ? "training" : "validation");
+    if (st != EN_OK) {
+        en_dataset_destroy(tr);
+        en_dataset_destroy(va);
+        return st;
+    }
+    /* ds takes tr's contents; skip counts and messages stay with ds. */
+    tr->stats.n_bad_skipped = ds->stats.n_bad_skipped;
+    en_free(ds->ids);
+    en_free(ds->train);
+    en_free(ds->recs);
+    en_free(ds->wins);
+    ds->ids = tr->ids, ds->train = tr->train, ds->recs = tr->recs, ds->wins = tr->wins;
+    ds->n_tok = tr->n_tok, ds->cap_tok = tr->cap_tok;
+    ds->n_recs = tr->n_recs, ds->cap_recs = tr->cap_recs;
+    ds->n_wins = tr->n_wins, ds->cap_wins = tr->cap_wins;
+    ds->stats = tr->stats;
+    tr->ids = NULL, tr->train = NULL, tr->recs = NULL, tr->wins = NULL;
+    en_dataset_destroy(tr);
+    *val = va;
+    return EN_OK;
+}
+
+void en_dataset_order(const en_dataset *ds, uint64_t seed, int64_t epoch, int64_t *perm) {
+    EN_ASSERT(ds && perm);
+    const int64_t n = ds->n_wins;
+    /* Seed mixes both numbers through splitmix64 so that nearby seeds and
+     * epochs give unrelated streams. */
+    uint64_t x = seed;
+    uint64_t k = splitmix64(&x) ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ull);
+    xoshiro g;
+    for (int j = 0; j < 4; j++)
+        g.s[j] = splitmix64(&k);
+    for (int64_t i = 0; i < n; i++)
+        perm[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)xoshiro_below(&g, (uint64_t)i + 1);
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}

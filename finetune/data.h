@@ -1,0 +1,132 @@
+/*
+ * data.h - the fine-tuner's data pipeline: read training files, validate
+ * them, tokenize, build loss masks and pack the tokens into fixed-length
+ * windows; split off a validation set; give a deterministic order per epoch.
+ * Used by the training loop and `energon finetune`. It prints nothing: the
+ * caller reports en_dataset_stats().
+ *
+ * Input formats, chosen by file extension (after removing ".gz"; gzip files
+ * are inflated transparently):
+ *   .txt    one document per file, or with doc_sep_blank documents separated
+ *           by blank (whitespace-only) lines. A document is its text without
+ *           the trailing newline; a UTF-8 byte order mark is skipped.
+ *   .jsonl  one JSON object per line (blank lines allowed, unknown extra
+ *           fields ignored), each one of
+ *             {"text": "..."}
+ *             {"prompt": "...", "completion": "..."}
+ *             {"messages": [{"role": "system|user|assistant", "content": "..."}, ...]}
+ *           Prompt/completion pairs render as [user, assistant] messages;
+ *           messages render with cfg->chat_template (tokenizer/chat.h).
+ *
+ * Tokens and loss mask. Every record gets bos in front and eos at the end
+ * (when the tokenizer has them; the llama2 template places its own). Text
+ * records train on every token. Prompt/completion and chat records train
+ * only on the completion/assistant tokens and the end-of-turn text and eos
+ * that close them (see chat.c for each template), unless train_on_all. bos
+ * is never a target.
+ *
+ * Packing into windows of seq_len + 1 tokens (inputs are the first seq_len,
+ * targets the last seq_len):
+ *   - text records are concatenated into one stream that flows across
+ *     windows; consecutive windows overlap by one token, so every token is
+ *     a target exactly once;
+ *   - a prompt/completion or chat record is never split: when it does not fit
+ *     in the rest of the current window, that window is padded (inputs = eos,
+ *     or 0 without one; targets -1) and the record starts a new window;
+ *   - a record longer than seq_len + 1 tokens is TRUNCATED to its first
+ *     seq_len + 1 tokens (so its completion may be cut short or lost) and
+ *     counted in n_truncated. Keeping the beginning keeps the question the
+ *     answer belongs to; the caller should report the count and suggest a
+ *     longer seq_len.
+ * Windows without any target are dropped.
+ *
+ * Errors name the place: "FILE:LINE: what is wrong" (EN_ERR_FORMAT) for
+ * invalid JSON, a line that is not an object, an unknown or ambiguous record
+ * shape, wrong field types, an empty text or completion, bad chat messages
+ * and invalid UTF-8 (in .txt files too). With skip_bad_records such records
+ * (a document, for .txt) are skipped and counted instead. Always errors: an
+ * unreadable file (EN_ERR_IO), corrupt gzip or an empty file (EN_ERR_FORMAT),
+ * an unknown extension or bad config (EN_ERR_ARG), and a dataset that ends
+ * with zero windows (EN_ERR_FORMAT naming the files).
+ */
+#ifndef EN_DATA_H
+#define EN_DATA_H
+
+#include <stdint.h>
+
+#include "../common/status.h"
+#include "../tokenizer/chat.h"
+#include "../tokenizer/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct en_data_config {
+    int seq_len;          /* tokens per training window (inputs); 2 .. 16777216 */
+    int doc_sep_blank;    /* .txt: documents are separated by blank lines (else one per file) */
+    int train_on_all;     /* loss on every token, not only completion/assistant tokens */
+    int skip_bad_records; /* skip malformed records (counted) instead of failing */
+    en_chat_template_id chat_template; /* for prompt/completion and chat records */
+} en_data_config;
+
+/* seq_len 1024, one document per .txt file, masked loss, strict, plain. */
+en_data_config en_data_config_default(void);
+
+typedef struct en_data_stats {
+    int64_t n_files;
+    int64_t n_records;        /* documents and records kept */
+    int64_t n_bad_skipped;    /* malformed records skipped (skip_bad_records) */
+    int64_t n_truncated;      /* records cut to seq_len + 1 tokens */
+    int64_t n_tokens;         /* tokens of the kept records, after truncation */
+    int64_t n_trained_tokens; /* targets that take loss, over all windows */
+    int64_t n_windows;
+} en_data_stats;
+
+typedef struct en_dataset en_dataset;
+
+/* Read, validate, tokenize and pack n_files files in the order given
+ * (records keep file order). Borrows tok only during the call; copies cfg
+ * and the data. On failure *out is NULL and err says what and where (see
+ * the top of this file). Thread-safe: concurrent calls share only the
+ * tokenizer, which is immutable. */
+en_status en_dataset_create(const char *const *files, int n_files, const en_tokenizer *tok,
+                            const en_data_config *cfg, en_dataset **out, en_err *err);
+void en_dataset_destroy(en_dataset *ds); /* NULL is a no-op */
+
+/* Counts (borrowed, valid while ds lives and until en_dataset_split). */
+const en_data_stats *en_dataset_stats(const en_dataset *ds);
+int64_t en_dataset_n_windows(const en_dataset *ds);
+int en_dataset_seq_len(const en_dataset *ds);
+
+/* When records were skipped: the message of the first one ("FILE:LINE:
+ * ..."), so the caller can show an example; NULL when none. Borrowed. */
+const char *en_dataset_first_skipped(const en_dataset *ds);
+
+/* Window i (0 <= i < n_windows, checked with EN_ASSERT): inputs gets seq_len
+ * ids and targets seq_len ids, where targets[t] is the token after
+ * inputs[t], or -1 where no loss is taken or on padding. Thread-safe. */
+void en_dataset_window(const en_dataset *ds, int64_t i, int32_t *inputs, int32_t *targets);
+
+/* Move a validation set out of ds: each record (document) goes to *val
+ * when a uniform draw from (seed, record index) is below `fraction`, so the
+ * choice is deterministic and does not depend on seq_len. At least one
+ * record stays on each side. Both datasets are packed again; ds's stats
+ * change (n_bad_skipped stays with ds; val's is 0). Errors (ds unchanged,
+ * *val NULL): EN_ERR_ARG for a fraction outside (0, 1) or fewer than two
+ * records, EN_ERR_FORMAT when a side ends with no windows, EN_ERR_NOMEM.
+ * The caller owns *val. */
+en_status en_dataset_split(en_dataset *ds, double fraction, uint64_t seed, en_dataset **val,
+                           en_err *err);
+
+/* A permutation of the window indices 0 .. n_windows-1 for an epoch:
+ * Fisher-Yates driven by xoshiro256** seeded (through splitmix64) from seed
+ * and epoch, so a run resumes with the same order. perm has n_windows
+ * entries. Thread-safe. */
+void en_dataset_order(const en_dataset *ds, uint64_t seed, int64_t epoch, int64_t *perm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EN_DATA_H */
