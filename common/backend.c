@@ -114,3 +114,99 @@ void en_op_cross_entropy(en_backend *be, float *nll, const float *logits, const 
     for (int t = 0; t < T; t++) EN_ASSERT(target[t] < V);
     be->ops->cross_entropy(be, nll, logits, target, T, V);
 }
+
+/* ---- backward ops ----
+ * A gradient output that aliases an input the op still reads afterwards
+ * would silently corrupt the result, so the obvious cases (the same
+ * pointer) are checked; partial overlaps are the caller's responsibility. */
+
+void en_op_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                      const float *x, const float *w, int M, int N, int K) {
+    EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0 || (!dx && !dw && !db)) return;
+    EN_ASSERT(!dx || (dx != dy && dx != w));
+    EN_ASSERT(!dw || (dw != dy && dw != x));
+    EN_ASSERT(!db || db != dy);
+    be->ops->matmul_bwd(be, dx, dw, db, dy, x, w, M, N, K);
+}
+
+void en_op_rmsnorm_bwd(en_backend *be, float *dx, float *dw, const float *dy, const float *x,
+                       const float *w, float eps, int T, int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    if (T == 0 || C == 0 || (!dx && !dw)) return;
+    /* dw is summed from dy and x after dx has been written. */
+    EN_ASSERT(!dx || (dx != dy && dx != x));
+    be->ops->rmsnorm_bwd(be, dx, dw, dy, x, w, eps, T, C);
+}
+
+void en_op_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                    size_t row_stride, float theta) {
+    EN_ASSERT(T >= 0 && H >= 0 && D >= 0);
+    if (T == 0 || H == 0 || D == 0) return;
+    EN_ASSERT(D % 2 == 0);
+    EN_ASSERT(row_stride >= (size_t)H * (size_t)D);
+    be->ops->rope_bwd(be, dx, pos, T, H, D, row_stride, theta);
+}
+
+void en_op_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy, const float *gate,
+                      const float *up, size_t n) {
+    if (n == 0 || (!dgate && !dup)) return;
+    EN_ASSERT(!dgate || dgate != dup);
+    be->ops->swiglu_bwd(be, dgate, dup, dy, gate, up, n);
+}
+
+void en_op_embedding_bwd(en_backend *be, float *dtable, const float *dy, const int32_t *ids, int T,
+                         int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    if (T == 0 || C == 0 || !dtable) return;
+    /* The upper bound (V) is the caller's, as for en_op_embedding. */
+    for (int t = 0; t < T; t++) EN_ASSERT(ids[t] >= 0);
+    be->ops->embedding_bwd(be, dtable, dy, ids, T, C);
+}
+
+void en_op_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                         const float *q, size_t q_stride, const float *k, const float *v,
+                         size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                         int window) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
+    if (T == 0 || H == 0 || D == 0 || (!dq && !dk && !dv)) return;
+    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
+    EN_ASSERT(q_stride >= (size_t)H * (size_t)D);
+    EN_ASSERT(kv_stride >= (size_t)Hkv * (size_t)D);
+    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
+    /* q, k and v are read again after the gradients start to be written. */
+    EN_ASSERT(!dq || (dq != q && dq != dout));
+    EN_ASSERT(!dk || (dk != k && dk != q && dk != dout));
+    EN_ASSERT(!dv || (dv != v && dv != q && dv != dout));
+    be->ops->attention_bwd(be, dq, dk, dv, dout, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D,
+                           window);
+}
+
+void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
+                             const int32_t *target, const float *scale, int T, int V) {
+    EN_ASSERT(T >= 0 && V >= 0);
+    if (T == 0) return;
+    for (int t = 0; t < T; t++) EN_ASSERT(target[t] < V);
+    be->ops->cross_entropy_bwd(be, dlogits, logits, target, scale, T, V);
+}
+
+/* ---- optimizer and reductions ---- */
+
+double en_op_sumsq(en_backend *be, const float *x, size_t n) {
+    if (n == 0) return 0.0;
+    return be->ops->sumsq(be, x, n);
+}
+
+void en_op_scale(en_backend *be, float *x, float s, size_t n) {
+    if (n == 0) return;
+    be->ops->scale(be, x, s, n);
+}
+
+void en_op_adamw(en_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr,
+                 float b1, float b2, float eps, float wd, int t) {
+    if (n == 0) return;
+    /* t = 0 would divide by 1 - b^0 = 0. */
+    EN_ASSERT(t >= 1);
+    EN_ASSERT(p != m && p != v && m != v && g != m && g != v);
+    be->ops->adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, t);
+}

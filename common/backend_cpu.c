@@ -1,23 +1,28 @@
 /*
  * backend_cpu.c - the CPU backend, energon's reference implementation of the
- * ops in backend.h (STYLE.md section 7). Matmul is one OpenBLAS sgemm; every
- * other op is a plain loop, parallelised with OpenMP over rows, tokens or
- * (token, head) pairs. It leaves out speed tricks (blocking, SIMD
- * intrinsics, fused kernels): new ops land here first and the CUDA backend
- * (issue #6) is tested against this file.
+ * ops in backend.h (STYLE.md section 7): the forward ops, their gradients
+ * and AdamW. Matmul is one OpenBLAS sgemm (two for its backward); every
+ * other op is a plain loop, parallelised with OpenMP over rows, tokens,
+ * (token, head) pairs or, where many tokens add into one gradient, over
+ * that gradient's columns or keys. It leaves out speed tricks (blocking,
+ * SIMD intrinsics, fused kernels): new ops land here first and the CUDA
+ * backend (issue #6) is tested against this file.
  *
  * Determinism: outside matmul each output element is computed by one
  * thread in a fixed order of operations that does not depend on which
  * thread runs it or how many there are, so results are bit-identical for
- * any n_threads (tests/test_backend_ops.c checks 1 vs 2). Matmul is
- * bit-identical run to run for a fixed n_threads but not across thread
- * counts: OpenBLAS's result depends on how it splits the output between its
- * threads (measured on 0.3.21: ~1 ulp in 30-80% of the outputs, 1 vs 2).
+ * any n_threads (tests/test_backend_ops.c and test_backward_ops.c check
+ * 1 vs 2). Matmul, and matmul_bwd's dx and dw, are bit-identical run to run
+ * for a fixed n_threads but not across thread counts: OpenBLAS's result
+ * depends on how it splits the output between its threads (measured on
+ * 0.3.21: ~1 ulp in 30-80% of the outputs, 1 vs 2).
  *
  * Numerics: reductions that set a scale (rmsnorm's sum of squares,
- * cross_entropy's sum of exponentials) accumulate in double; softmax and
- * logsumexp subtract the row max first; rope computes its angles in double
- * because pos * inv_freq in float loses ~1e-4 rad at pos ~4000.
+ * cross_entropy's sum of exponentials) accumulate in double, and so do the
+ * gradients' sums over tokens or keys (bias, rmsnorm weight, attention);
+ * softmax and logsumexp subtract the row max first; rope computes its
+ * angles in double because pos * inv_freq in float loses ~1e-4 rad at
+ * pos ~4000.
  *
  * Used through backend.c, which has already checked shapes and dropped
  * empty calls (see backend_impl.h).
@@ -40,10 +45,11 @@ int openblas_get_num_threads(void);
 
 typedef struct cpu_ctx {
     int blas_threads; /* 0: leave OpenBLAS at its default */
-    /* Attention scores: n_threads slices of S floats, grown on demand
+    /* Scratch for attention (forward: n_threads slices of S scores;
+     * backward: softmax statistics and per-thread rows), grown on demand
      * outside parallel regions so that the hot loop never allocates. */
-    float *scratch;
-    size_t scratch_n; /* floats allocated */
+    void *scratch;
+    size_t scratch_bytes; /* bytes allocated */
 } cpu_ctx;
 
 /* ---- buffers: plain host memory ---- */
@@ -65,14 +71,22 @@ static void cpu_copy(en_backend *be, void *dst, const void *src, size_t bytes) {
 
 static void cpu_sync(en_backend *be) { (void)be; }
 
-/* Returns n floats of scratch, or NULL when they cannot be allocated. */
-static float *cpu_scratch(cpu_ctx *c, size_t n) {
-    if (n <= c->scratch_n) return c->scratch;
-    float *p = en_realloc(c->scratch, n * sizeof *p);
+/* Returns `bytes` of scratch (aligned for any scalar type, contents
+ * undefined), or NULL when they cannot be allocated. */
+static void *cpu_scratch(cpu_ctx *c, size_t bytes) {
+    if (bytes <= c->scratch_bytes) return c->scratch;
+    void *p = en_realloc(c->scratch, bytes);
     if (!p) return NULL; /* the old block stays valid and owned */
     c->scratch = p;
-    c->scratch_n = n;
+    c->scratch_bytes = bytes;
     return p;
+}
+
+/* The OpenBLAS pool is process-wide, so set it for each call: two backends
+ * with different n_threads then each get their own. */
+static void cpu_blas_threads(const cpu_ctx *c) {
+    if (c->blas_threads > 0 && openblas_get_num_threads() != c->blas_threads)
+        openblas_set_num_threads(c->blas_threads);
 }
 
 /* ---- ops ---- */
@@ -174,10 +188,7 @@ static void cpu_matmul(en_backend *be, float *y, const float *x, const float *w,
         /* x·w^T is all zeros; BLAS would reject lda = 0. */
         memset(y, 0, (size_t)M * (size_t)N * sizeof *y);
     } else {
-        /* The OpenBLAS pool is process-wide, so set it for each call: two
-         * backends with different n_threads then each get their own. */
-        if (c->blas_threads > 0 && openblas_get_num_threads() != c->blas_threads)
-            openblas_set_num_threads(c->blas_threads);
+        cpu_blas_threads(c);
         /* y(M,N) = x(M,K) · w(N,K)^T, all row-major. */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y,
                     N);
@@ -208,8 +219,12 @@ static void cpu_rmsnorm(en_backend *be, float *y, const float *x, const float *w
     }
 }
 
-static void cpu_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
-                     size_t row_stride, float theta) {
+/* Rotates each (a, b) = (x[i], x[i + D/2]) pair of every head by the angle
+ * pos[t] * theta^(-2i/D): forwards for en_op_rope, backwards (by minus the
+ * angle: the transpose of the rotation, hence its gradient) when `inverse`.
+ * Negating sin is exact, so both directions round alike. */
+static void rope_rotate(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                        size_t row_stride, float theta, int inverse) {
     const int half = D / 2;
     const double log_theta = log((double)theta);
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \
@@ -220,6 +235,7 @@ static void cpu_rope(en_backend *be, float *x, const int32_t *pos, int T, int H,
             /* angle = pos * theta^(-2i/D), in double (see the file comment). */
             double ang = (double)pos[t] * exp(-2.0 * i / D * log_theta);
             float cs = (float)cos(ang), sn = (float)sin(ang);
+            if (inverse) sn = -sn;
             for (int h = 0; h < H; h++) {
                 float *xh = xr + (size_t)h * D;
                 float a = xh[i], b = xh[i + half];
@@ -229,6 +245,11 @@ static void cpu_rope(en_backend *be, float *x, const int32_t *pos, int T, int H,
             }
         }
     }
+}
+
+static void cpu_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                     size_t row_stride, float theta) {
+    rope_rotate(be, x, pos, T, H, D, row_stride, theta, 0);
 }
 
 static void cpu_embedding(en_backend *be, float *y, const float *table, const int32_t *ids,
@@ -296,7 +317,7 @@ static void cpu_attention(en_backend *be, float *out, const float *q, size_t q_s
     const int group = H / Hkv; /* query heads per kv head */
     const float scale = (float)(1.0 / sqrt((double)D));
     const long long n_items = (long long)T * H;
-    float *scratch = cpu_scratch(c, (size_t)be->n_threads * (size_t)S);
+    float *scratch = cpu_scratch(c, (size_t)be->n_threads * (size_t)S * sizeof(float));
     if (!scratch) {
         /* Same results, about twice the dot products. */
         EN_LOGW("attention: no memory for %d x %d scores; recomputing them instead",
@@ -339,6 +360,466 @@ static void cpu_cross_entropy(en_backend *be, float *nll, const float *logits,
     }
 }
 
+/* ---- backward ops ----
+ * Same determinism rule as the forward ops: every output element is summed
+ * by one thread in a fixed order, so results are bit-identical for any
+ * n_threads, except the two sgemm calls of matmul_bwd (see the file
+ * comment). Where several tokens add into one output (bias, rmsnorm weight,
+ * embedding rows, attention keys) the loop is split over those outputs, not
+ * over the tokens, so no two threads ever write the same element. */
+
+/* Columns per work item in the column-split loops: 64 floats are four
+ * cache lines, so threads rarely share a line. */
+#define CPU_COL_BLOCK 64
+
+static void cpu_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                           const float *x, const float *w, int M, int N, int K) {
+    cpu_ctx *c = be->ctx;
+    if (K > 0 && (dx || dw)) cpu_blas_threads(c);
+    /* beta = 1: sgemm adds into dx and dw, which is the accumulate contract. */
+    if (K > 0 && dx) /* dx(M,K) += dy(M,N) · w(N,K) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy, N, w, K, 1.0f, dx,
+                    K);
+    if (K > 0 && dw) /* dw(N,K) += dy(M,N)^T · x(M,K) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw,
+                    K);
+    if (!db) return;
+    /* db(N) += column sums of dy, each in double over m = 0..M-1. */
+    const int NB = (N + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
+    if ((size_t)M * (size_t)N >= CPU_PAR_MIN)
+    for (int nb = 0; nb < NB; nb++) {
+        const int n0 = nb * CPU_COL_BLOCK;
+        const int nn = N - n0 < CPU_COL_BLOCK ? N - n0 : CPU_COL_BLOCK;
+        double acc[CPU_COL_BLOCK] = {0};
+        for (int m = 0; m < M; m++) {
+            const float *r = dy + (size_t)m * N + n0; /* (nn) */
+            for (int j = 0; j < nn; j++) acc[j] += r[j];
+        }
+        for (int j = 0; j < nn; j++) db[n0 + j] += (float)acc[j];
+    }
+}
+
+/* Rows per round of rmsnorm_bwd: their 1/rms values live on the stack. */
+#define CPU_ROW_CHUNK 256
+
+/* y = x s w with s = (mean(x^2) + eps)^(-1/2). Since ds/dx_j = -s^3 x_j / C,
+ *   dx_j = s (w_j dy_j - x_j s^2 / C * sum_i dy_i w_i x_i),
+ *   dw_j = sum_t dy_tj x_tj s_t.
+ * Each round takes up to CPU_ROW_CHUNK rows: first split over rows (s and
+ * dx), then over columns (dw, summed over the round's rows in double and
+ * added once per round). */
+static void cpu_rmsnorm_bwd(en_backend *be, float *dx, float *dw, const float *dy, const float *x,
+                            const float *w, float eps, int T, int C) {
+    const int NB = (C + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
+    float rs[CPU_ROW_CHUNK]; /* s of each row of the round, shared by the team */
+#pragma omp parallel num_threads(be->n_threads) if ((size_t)T * (size_t)C >= CPU_PAR_MIN)
+    for (int t0 = 0; t0 < T; t0 += CPU_ROW_CHUNK) { /* every thread runs every round */
+        const int tn = T - t0 < CPU_ROW_CHUNK ? T - t0 : CPU_ROW_CHUNK;
+#pragma omp for schedule(static)
+        for (int i = 0; i < tn; i++) {
+            const float *xr = x + (size_t)(t0 + i) * C;  /* (C) */
+            const float *gr = dy + (size_t)(t0 + i) * C; /* (C) */
+            /* ss exactly as the forward sums it, so s is the forward's s. */
+            double ss = 0.0, gwx = 0.0;
+            for (int j = 0; j < C; j++) {
+                ss += (double)xr[j] * (double)xr[j];
+                gwx += (double)gr[j] * (double)w[j] * (double)xr[j];
+            }
+            const double sd = 1.0 / sqrt(ss / C + (double)eps);
+            const float s = (float)sd;
+            rs[i] = s;
+            if (!dx) continue;
+            /* dx_j = s (w_j dy_j - x_j cx): both terms in the parentheses
+             * are of the size of dy w, so nothing under- or overflows
+             * where s^3 alone would (|x| ~ 1e19 gives s^3 ~ 1e-57). */
+            const float cx = (float)(sd * sd * gwx / C);
+            float *dr = dx + (size_t)(t0 + i) * C; /* (C) */
+            for (int j = 0; j < C; j++) dr[j] += s * (gr[j] * w[j] - cx * xr[j]);
+        } /* implicit barrier: rs is complete */
+        if (dw) {
+#pragma omp for schedule(static)
+            for (int nb = 0; nb < NB; nb++) {
+                const int n0 = nb * CPU_COL_BLOCK;
+                const int nn = C - n0 < CPU_COL_BLOCK ? C - n0 : CPU_COL_BLOCK;
+                double acc[CPU_COL_BLOCK] = {0};
+                for (int i = 0; i < tn; i++) {
+                    const float *xr = x + (size_t)(t0 + i) * C + n0;
+                    const float *gr = dy + (size_t)(t0 + i) * C + n0;
+                    for (int j = 0; j < nn; j++)
+                        acc[j] += (double)gr[j] * (double)xr[j] * (double)rs[i];
+                }
+                for (int j = 0; j < nn; j++) dw[n0 + j] += (float)acc[j];
+            } /* implicit barrier: rs may be overwritten */
+        }
+    }
+}
+
+static void cpu_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                         size_t row_stride, float theta) {
+    rope_rotate(be, dx, pos, T, H, D, row_stride, theta, 1);
+}
+
+/* y = silu(g) u with silu(g) = g sig(g):
+ *   dgate = dy u sig(g) (1 + g (1 - sig(g))),  dup = dy silu(g).
+ * Inputs are read before outputs are written, element by element. */
+static void cpu_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
+                           const float *gate, const float *up, size_t n) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i], u = up[i], d = dy[i];
+        const float e = expf(-g);
+        /* g < -88: e = inf, sig = 0 and 1 - sig = 1, so the product is 0
+         * (1 - sig is used rather than e sig, which would be inf * 0). */
+        const float sig = 1.0f / (1.0f + e);
+        if (dgate) dgate[i] += d * u * (sig * (1.0f + g * (1.0f - sig)));
+        if (dup) dup[i] += d * (g / (1.0f + e)); /* silu as the forward computes it */
+    }
+}
+
+/* Tokens with the same id add into the same row, so the columns are split,
+ * not the tokens: each work item owns a block of columns of every row and
+ * adds the tokens in order 0..T-1 (float adds straight into dtable). */
+static void cpu_embedding_bwd(en_backend *be, float *dtable, const float *dy, const int32_t *ids,
+                              int T, int C) {
+    const int NB = (C + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
+    if ((size_t)T * (size_t)C >= CPU_PAR_MIN)
+    for (int nb = 0; nb < NB; nb++) {
+        const int n0 = nb * CPU_COL_BLOCK;
+        const int nn = C - n0 < CPU_COL_BLOCK ? C - n0 : CPU_COL_BLOCK;
+        for (int t = 0; t < T; t++) {
+            float *row = dtable + (size_t)ids[t] * C + n0; /* (nn) */
+            const float *g = dy + (size_t)t * C + n0;      /* (nn) */
+            for (int j = 0; j < nn; j++) row[j] += g[j];
+        }
+    }
+}
+
+/* ---- attention backward ----
+ * With p_s = softmax_s(q·k_s * scale) and o = sum_s p_s v_s:
+ *   dv_s += p_s do,  dp_s = do·v_s,  ds_s = p_s (dp_s - delta),
+ *   delta = sum_s p_s dp_s,  dq += scale sum_s ds_s k_s,  dk_s += scale ds_s q
+ * (the softmax backward as FlashAttention writes it, Dao et al. 2022,
+ * arXiv:2205.14135, appendix B). Nothing of size T x S is stored. Two
+ * passes:
+ *  1. one work item per (query, head): recompute the scores, keep the row's
+ *     softmax statistics (max, 1/sum, delta) and sum dq;
+ *  2. one work item per (kv head, block of CPU_ATTN_KB keys): for every
+ *     (query, head of the group) that attends keys of the block, recompute
+ *     p and ds from the statistics and sum dk and dv over them.
+ * Pass 2 recomputes the scores (about 1.4x the arithmetic of a one-pass
+ * kernel) but each dk / dv / dq element is then summed by one item in a
+ * fixed order (t, then h, then s): no atomics, no per-thread copies of dk
+ * and dv, and the same bits for any thread count. The sums over keys or
+ * queries run in double; dot products over D in float. */
+
+#define CPU_ATTN_KB 16 /* keys per pass-2 work item */
+
+typedef struct attn_stat {
+    float mx;    /* max score of the row */
+    float inv;   /* 1 / sum_s exp(score_s - mx) */
+    float delta; /* sum_s p_s dp_s */
+} attn_stat;
+
+/* Dot products over D for the backward: dot_f32 (vectorised, fixed order,
+ * so still independent of the thread count) rather than attn_score's
+ * index-order loop, a serial chain of D dependent adds; the backward
+ * computes four such dots per (query, key) where the forward computes
+ * one, and the forward's exact probabilities are not needed, only the
+ * same ones in both passes. */
+static inline float attn_dot(const float *a, const float *b, int D) { return dot_f32(a, b, D); }
+
+static inline float attn_bwd_score(const float *qh, const float *kh, int D, float scale) {
+    return dot_f32(qh, kh, D) * scale;
+}
+
+/* The probability of a key from its score and the row statistics. Pass 1
+ * and pass 2 both go through it, so they agree bit for bit. */
+static inline float attn_prob(float score, const attn_stat *st) {
+    return expf(score - st->mx) * st->inv;
+}
+
+/* Pass 1 for one (query, head) over keys s0..s1 (inclusive): returns the row
+ * statistics and, when dqh is not NULL, adds dqh (D) += scale * sum_s ds_s
+ * k_s. k and v point at this kv head of key 0. pb and dpb hold
+ * s1 - s0 + 1 floats each, acc D doubles. */
+static attn_stat attn_bwd_query(float *dqh, const float *qh, const float *doh, const float *k,
+                                const float *v, size_t kv_stride, int s0, int s1, int D,
+                                float scale, float *pb, float *dpb, double *acc) {
+    const int L = s1 - s0 + 1;
+    attn_stat st = {-INFINITY, 0.0f, 0.0f};
+    for (int j = 0; j < L; j++) {
+        pb[j] = attn_bwd_score(qh, k + (size_t)(s0 + j) * kv_stride, D, scale);
+        if (pb[j] > st.mx) st.mx = pb[j];
+    }
+    double sum = 0.0; /* >= 1: the max term is exp(0) */
+    for (int j = 0; j < L; j++) sum += (pb[j] = expf(pb[j] - st.mx));
+    st.inv = (float)(1.0 / sum);
+    /* pb holds exp(score - mx), so pb * inv is attn_prob's value. */
+    double delta = 0.0;
+    for (int j = 0; j < L; j++) {
+        pb[j] *= st.inv;
+        dpb[j] = attn_dot(doh, v + (size_t)(s0 + j) * kv_stride, D);
+        delta += (double)pb[j] * (double)dpb[j];
+    }
+    st.delta = (float)delta;
+    if (!dqh) return st;
+    for (int d = 0; d < D; d++) acc[d] = 0.0;
+    for (int j = 0; j < L; j++) {
+        const float ds = pb[j] * (dpb[j] - st.delta);
+        const float *kh = k + (size_t)(s0 + j) * kv_stride; /* (D) */
+        for (int d = 0; d < D; d++) acc[d] += (double)ds * (double)kh[d];
+    }
+    for (int d = 0; d < D; d++) dqh[d] += (float)(acc[d] * scale);
+    return st;
+}
+
+/* The keys query t attends: s0..s1 (inclusive), as in cpu_attention. */
+static inline void attn_range(const int32_t *pos, int t, int window, int *s0, int *s1) {
+    *s1 = pos[t];
+    *s0 = (window > 0 && *s1 - window + 1 > 0) ? *s1 - window + 1 : 0;
+}
+
+/* Pass 2 for keys b0..b1 (inclusive, b1 - b0 < CPU_ATTN_KB) of kv head kvh:
+ * dv_s += sum p do and dk_s += scale * sum ds q over every (query t, head h
+ * of the group) that attends key s, in the order t, h. acc holds
+ * 2 * CPU_ATTN_KB * D doubles. Keys no query attends are not touched. */
+static void attn_bwd_keys(float *dk, float *dv, const float *dout, const float *q, size_t q_stride,
+                          const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                          const attn_stat *st, int T, int H, int group, int kvh, int D, int window,
+                          float scale, int b0, int b1, double *acc) {
+    const int nb = b1 - b0 + 1;
+    double *adk = acc, *adv = acc + (size_t)CPU_ATTN_KB * D; /* (nb, D) each */
+    memset(adk, 0, (size_t)nb * D * sizeof *adk);
+    memset(adv, 0, (size_t)nb * D * sizeof *adv);
+    unsigned char used[CPU_ATTN_KB] = {0};
+    const float *kb = k + (size_t)kvh * D, *vb = v + (size_t)kvh * D; /* key 0, this kv head */
+    for (int t = 0; t < T; t++) {
+        int s0, s1;
+        attn_range(pos, t, window, &s0, &s1);
+        const int lo = s0 > b0 ? s0 : b0, hi = s1 < b1 ? s1 : b1;
+        if (lo > hi) continue;
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *qh = q + (size_t)t * q_stride + (size_t)h * D; /* (D) */
+            const float *doh = dout + ((size_t)t * H + h) * D;          /* (D) */
+            const attn_stat *rs = st + (size_t)t * H + h;
+            for (int s = lo; s <= hi; s++) {
+                const float *ks = kb + (size_t)s * kv_stride, *vs = vb + (size_t)s * kv_stride;
+                const float p = attn_prob(attn_bwd_score(qh, ks, D, scale), rs);
+                const size_t j = (size_t)(s - b0);
+                used[j] = 1;
+                if (dv) {
+                    double *a = adv + j * D;
+                    for (int d = 0; d < D; d++) a[d] += (double)p * (double)doh[d];
+                }
+                if (dk) {
+                    const float ds = p * (attn_dot(doh, vs, D) - rs->delta);
+                    double *a = adk + j * D;
+                    for (int d = 0; d < D; d++) a[d] += (double)ds * (double)qh[d];
+                }
+            }
+        }
+    }
+    for (int j = 0; j < nb; j++) {
+        if (!used[j]) continue;
+        const size_t off = (size_t)(b0 + j) * kv_stride + (size_t)kvh * D;
+        if (dk)
+            for (int d = 0; d < D; d++) dk[off + d] += (float)(adk[(size_t)j * D + d] * scale);
+        if (dv)
+            for (int d = 0; d < D; d++) dv[off + d] += (float)adv[(size_t)j * D + d];
+    }
+}
+
+/* Without scratch: one (query, head) at a time on the calling thread,
+ * recomputing scores instead of storing them and adding each term straight
+ * into the gradients (float). Same formulas, different rounding. */
+static void attn_bwd_serial(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                            size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                            const int32_t *pos, int T, int H, int group, int D, int window,
+                            float scale) {
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / group;
+            int s0, s1;
+            attn_range(pos, t, window, &s0, &s1);
+            const float *qh = q + (size_t)t * q_stride + (size_t)h * D;
+            const float *doh = dout + ((size_t)t * H + h) * D;
+            const float *kb = k + (size_t)kvh * D, *vb = v + (size_t)kvh * D;
+            attn_stat st = {-INFINITY, 0.0f, 0.0f};
+            for (int s = s0; s <= s1; s++) {
+                float x = attn_bwd_score(qh, kb + (size_t)s * kv_stride, D, scale);
+                if (x > st.mx) st.mx = x;
+            }
+            double sum = 0.0, delta = 0.0;
+            for (int s = s0; s <= s1; s++)
+                sum += expf(attn_bwd_score(qh, kb + (size_t)s * kv_stride, D, scale) - st.mx);
+            st.inv = (float)(1.0 / sum);
+            for (int s = s0; s <= s1; s++)
+                delta += (double)attn_prob(attn_bwd_score(qh, kb + (size_t)s * kv_stride, D, scale),
+                                           &st) *
+                         (double)attn_dot(doh, vb + (size_t)s * kv_stride, D);
+            st.delta = (float)delta;
+            for (int s = s0; s <= s1; s++) {
+                const float *ks = kb + (size_t)s * kv_stride, *vs = vb + (size_t)s * kv_stride;
+                const float p = attn_prob(attn_bwd_score(qh, ks, D, scale), &st);
+                const float ds = p * (attn_dot(doh, vs, D) - st.delta);
+                const size_t off = (size_t)s * kv_stride + (size_t)kvh * D;
+                for (int d = 0; d < D; d++) {
+                    if (dq) dq[(size_t)t * q_stride + (size_t)h * D + d] += scale * ds * ks[d];
+                    if (dk) dk[off + d] += scale * ds * qh[d];
+                    if (dv) dv[off + d] += p * doh[d];
+                }
+            }
+        }
+}
+
+/* Rounds a byte count up to a multiple of 64 (one cache line). */
+static size_t cpu_round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static void cpu_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                              const float *q, size_t q_stride, const float *k, const float *v,
+                              size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
+                              int D, int window) {
+    cpu_ctx *c = be->ctx;
+    const int group = H / Hkv; /* query heads per kv head */
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const long long n_items = (long long)T * H;
+    /* Scratch: the statistics of every (t, h), then one slice per thread,
+     * reused by both passes: pass 1 needs D doubles and two rows of S
+     * floats, pass 2 two (CPU_ATTN_KB, D) blocks of doubles. */
+    const size_t stat_bytes = cpu_round64((size_t)n_items * sizeof(attn_stat));
+    const size_t p1 = (size_t)D * sizeof(double) + 2 * (size_t)S * sizeof(float);
+    const size_t p2 = 2 * (size_t)CPU_ATTN_KB * (size_t)D * sizeof(double);
+    const size_t slice = cpu_round64(p1 > p2 ? p1 : p2);
+    unsigned char *scr = cpu_scratch(c, stat_bytes + (size_t)be->n_threads * slice);
+    if (!scr) {
+        EN_LOGW("attention_bwd: no memory for %d x %zu bytes of scratch; running on one thread",
+                be->n_threads, slice);
+        attn_bwd_serial(dq, dk, dv, dout, q, q_stride, k, v, kv_stride, pos, T, H, group, D, window,
+                        scale);
+        return;
+    }
+    attn_stat *st = (attn_stat *)scr; /* (T, H) */
+    const int par = (size_t)n_items * (size_t)S * (size_t)D >= CPU_PAR_MIN;
+
+    /* Pass 1. Work grows with pos[t] (causal), hence dynamic scheduling. */
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 4) if (par)
+    for (long long i = 0; i < n_items; i++) {
+        const int t = (int)(i / H), h = (int)(i % H);
+        const int kvh = h / group;
+        int s0, s1;
+        attn_range(pos, t, window, &s0, &s1);
+        unsigned char *mine = scr + stat_bytes + (size_t)omp_get_thread_num() * slice;
+        double *acc = (double *)mine;                             /* (D) */
+        float *pb = (float *)(mine + (size_t)D * sizeof(double)); /* (S) */
+        float *dpb = pb + S;                                      /* (S) */
+        st[i] = attn_bwd_query(dq ? dq + (size_t)t * q_stride + (size_t)h * D : NULL,
+                               q + (size_t)t * q_stride + (size_t)h * D, dout + (size_t)i * D,
+                               k + (size_t)kvh * D, v + (size_t)kvh * D, kv_stride, s0, s1, D,
+                               scale, pb, dpb, acc);
+    }
+    if (!dk && !dv) return;
+
+    /* Pass 2 over the keys some query attends: 0..max pos[t]. Early keys
+     * are attended by more queries (causal), hence dynamic scheduling. */
+    int s_max = 0;
+    for (int t = 0; t < T; t++)
+        if (pos[t] > s_max) s_max = pos[t];
+    const int n_blocks = s_max / CPU_ATTN_KB + 1;
+    const long long n_items2 = (long long)Hkv * n_blocks;
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 1) if (par)
+    for (long long i = 0; i < n_items2; i++) {
+        const int kvh = (int)(i / n_blocks), b0 = (int)(i % n_blocks) * CPU_ATTN_KB;
+        const int b1 = b0 + CPU_ATTN_KB - 1 < s_max ? b0 + CPU_ATTN_KB - 1 : s_max;
+        double *acc = (double *)(scr + stat_bytes + (size_t)omp_get_thread_num() * slice);
+        attn_bwd_keys(dk, dv, dout, q, q_stride, k, v, kv_stride, pos, st, T, H, group, kvh, D,
+                      window, scale, b0, b1, acc);
+    }
+}
+
+/* dlogits[t] = scale[t] (softmax(logits[t]) - onehot(target[t])), written
+ * over the row (which may be the logits row itself: each element is read
+ * before it is written, and the target's logit is read first). */
+static void cpu_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
+                                  const int32_t *target, const float *scale, int T, int V) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
+    if ((size_t)T * (size_t)V >= CPU_PAR_MIN)
+    for (int t = 0; t < T; t++) {
+        float *g = dlogits + (size_t)t * V;      /* (V) */
+        const float *l = logits + (size_t)t * V; /* (V), may be g */
+        if (target[t] < 0) {                     /* ignored position */
+            for (int j = 0; j < V; j++) g[j] = 0.0f;
+            continue;
+        }
+        float mx = l[0];
+        for (int j = 1; j < V; j++)
+            if (l[j] > mx) mx = l[j];
+        /* At the target, p - 1 cancels when p ~ 1 (a confident, correct
+         * model): 1 - p = 1e-12 is lost entirely next to 1 in float and
+         * mostly in double. So the other classes are summed apart and the
+         * target gets -(their mass) / sum, accurate to a few ulps. */
+        const int tg = target[t];
+        double other = 0.0;
+        for (int j = 0; j < V; j++)
+            if (j != tg) other += (double)expf(l[j] - mx);
+        const double sum = other + (double)expf(l[tg] - mx); /* in [1, V] */
+        const double sc = scale ? (double)scale[t] : 1.0;
+        const double gt = -sc * (other / sum);
+        const double a = sc / sum;
+        for (int j = 0; j < V; j++) g[j] = (float)(a * (double)expf(l[j] - mx));
+        g[tg] = (float)gt;
+    }
+}
+
+/* ---- optimizer and reductions ---- */
+
+/* Fixed slices for sumsq: the partition depends on n only, not on the
+ * thread count, so the sum is the same for any n_threads. */
+#define CPU_SUM_SLICES 256
+
+static double cpu_sumsq(en_backend *be, const float *x, size_t n) {
+    double part[CPU_SUM_SLICES];
+    const size_t len = (n + CPU_SUM_SLICES - 1) / CPU_SUM_SLICES;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
+    for (int i = 0; i < CPU_SUM_SLICES; i++) {
+        const size_t a = (size_t)i * len < n ? (size_t)i * len : n;
+        const size_t b = a + len < n ? a + len : n;
+        double s = 0.0;
+        for (size_t j = a; j < b; j++) s += (double)x[j] * (double)x[j];
+        part[i] = s;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < CPU_SUM_SLICES; i++) sum += part[i];
+    return sum;
+}
+
+static void cpu_scale(en_backend *be, float *x, float s, size_t n) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* AdamW, in float per element. The bias corrections 1 / (1 - b^t) are
+ * computed in double and rounded once: in float, 1 - b2^t for b2 = 0.999
+ * and small t is ~1e-3 t with an absolute error of ~6e-8 from rounding
+ * b2^t, only ~4 significant digits. Weight decay uses the parameter from
+ * before the step, as the header's formula says. */
+static void cpu_adamw(en_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                      float lr, float b1, float b2, float eps, float wd, int t) {
+    const float c1 = (float)(1.0 / (1.0 - pow((double)b1, t)));
+    const float c2 = (float)(1.0 / (1.0 - pow((double)b2, t)));
+    const float a1 = 1.0f - b1, a2 = 1.0f - b2;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float gi = g[i], pi = p[i];
+        const float mi = b1 * m[i] + a1 * gi;
+        const float vi = b2 * v[i] + a2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * pi);
+    }
+}
+
 /* ---- object ---- */
 
 static void cpu_destroy(en_backend *be) {
@@ -363,6 +844,16 @@ static const en_backend_ops cpu_ops = {
     .add = cpu_add,
     .attention = cpu_attention,
     .cross_entropy = cpu_cross_entropy,
+    .matmul_bwd = cpu_matmul_bwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope_bwd = cpu_rope_bwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .embedding_bwd = cpu_embedding_bwd,
+    .attention_bwd = cpu_attention_bwd,
+    .cross_entropy_bwd = cpu_cross_entropy_bwd,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+    .adamw = cpu_adamw,
 };
 
 /* cfg may be NULL (defaults). Errors: EN_ERR_ARG (n_threads < 0),

@@ -4,10 +4,14 @@
  *
  * backend.c checks arguments, returns early on empty sizes and then calls
  * through this table, so an implementation may assume:
- *  - every size it receives is > 0, except matmul's K and cross_entropy's
- *    V, which may be 0 (then every target is < 0);
+ *  - every size it receives is > 0, except matmul's (and matmul_bwd's) K
+ *    and cross_entropy's (and cross_entropy_bwd's) V, which may be 0 (then
+ *    every target is < 0);
  *  - the checks documented in backend.c have passed (H % Hkv == 0,
- *    0 <= pos[t] < S, D even for rope, targets < V, ...).
+ *    0 <= pos[t] < S, D even for rope, targets < V, ids >= 0 for
+ *    embedding_bwd, t >= 1 for adamw, ...);
+ *  - gradient outputs of the *_bwd ops may be NULL (skip them); the
+ *    accumulate / overwrite contract is the one in backend.h.
  * Implementations: backend_cpu.c (the reference) and, with issue #6,
  * cuda/backend_cuda.cu. Only those files and backend.c include this header.
  */
@@ -44,6 +48,28 @@ typedef struct en_backend_ops {
                       int T, int S, int H, int Hkv, int D, int window);
     void (*cross_entropy)(en_backend *be, float *nll, const float *logits,
                           const int32_t *target, int T, int V);
+
+    /* Backward ops, optimizer and reductions: same arguments as en_op_*. */
+    void (*matmul_bwd)(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                       const float *x, const float *w, int M, int N, int K);
+    void (*rmsnorm_bwd)(en_backend *be, float *dx, float *dw, const float *dy, const float *x,
+                        const float *w, float eps, int T, int C);
+    void (*rope_bwd)(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                     size_t row_stride, float theta);
+    void (*swiglu_bwd)(en_backend *be, float *dgate, float *dup, const float *dy, const float *gate,
+                       const float *up, size_t n);
+    void (*embedding_bwd)(en_backend *be, float *dtable, const float *dy, const int32_t *ids, int T,
+                          int C);
+    void (*attention_bwd)(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, size_t q_stride, const float *k, const float *v,
+                          size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                          int window);
+    void (*cross_entropy_bwd)(en_backend *be, float *dlogits, const float *logits,
+                              const int32_t *target, const float *scale, int T, int V);
+    double (*sumsq)(en_backend *be, const float *x, size_t n);
+    void (*scale)(en_backend *be, float *x, float s, size_t n);
+    void (*adamw)(en_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float b1, float b2, float eps, float wd, int t);
 } en_backend_ops;
 
 struct en_backend {
