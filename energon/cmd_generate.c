@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../models/sampler.h"
+#include "../tokenizer/chat.h"
 #include "../tokenizer/stop.h"
 #include "cli.h"
 
@@ -32,6 +33,10 @@ static void usage(FILE *f) {
             "  --stop STR          stop before STR (repeatable, up to %d)\n"
             "  --ctx N             context size in tokens (default: model maximum, <= 4096)\n"
             "  --no-bos            do not prepend the BOS token\n"
+            "  --chat              TEXT is a user message: render it with the chat template\n"
+            "                      (and its stop strings), as fine-tuning on chat/Q&A data does\n"
+            "  --chat-template T   plain | llama2 | chatml (default plain)\n"
+            "  --system TEXT       system message for --chat\n"
             "  --ignore-eos        keep going past the end-of-sequence token\n"
             "  --json              print one JSON object {text, ids, prompt_tokens,\n"
             "                      finish_reason} instead of streaming\n"
@@ -72,6 +77,10 @@ int en_cmd_generate(int argc, char **argv) {
     const char *prompt = NULL;
     const char *stops[MAX_STOPS];
     int n_stops = 0, max_tokens = 128, n_ctx = 0, no_bos = 0, ignore_eos = 0, json_out = 0;
+    int chat = 0;
+    const char *system_msg = NULL;
+    en_chat_template_id tmpl = EN_CHAT_PLAIN;
+    en_err err = {0};
     en_sampler_config sc = en_sampler_config_default();
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
@@ -101,6 +110,15 @@ int en_cmd_generate(int argc, char **argv) {
             }
         } else if (en_cli_flag(argc, argv, &i, "--ctx", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--ctx", v, 1, 1 << 24, &n_ctx)) bad = 1;
+        } else if (en_cli_switch(argv, i, "--chat")) {
+            chat = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--system", &v, &bad)) {
+            system_msg = v;
+        } else if (en_cli_flag(argc, argv, &i, "--chat-template", &v, &bad)) {
+            if (!bad && en_chat_template_from_name(v, &tmpl, &err) != EN_OK) {
+                en_cli_error(CMD, "--chat-template: %s", err.msg);
+                bad = 1;
+            }
         } else if (en_cli_switch(argv, i, "--no-bos")) {
             no_bos = 1;
         } else if (en_cli_switch(argv, i, "--ignore-eos")) {
@@ -122,10 +140,18 @@ int en_cmd_generate(int argc, char **argv) {
         return EN_EXIT_USAGE;
     }
 
+    if (system_msg && !chat) {
+        en_cli_error(CMD, "--system needs --chat");
+        return EN_EXIT_USAGE;
+    }
+    if (chat) { /* the template's stop strings, after the user's own */
+        int n_t = 0;
+        const char *const *ts = en_chat_template_stop_strings(tmpl, &n_t);
+        for (int i = 0; i < n_t && n_stops < MAX_STOPS; i++) stops[n_stops++] = ts[i];
+    }
     en_cli_model cm;
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) return rc;
-    en_err err = {0};
     en_ctx *ctx = NULL;
     en_sampler *smp = NULL;
     en_detok *dt = NULL;
@@ -140,7 +166,22 @@ int en_cmd_generate(int argc, char **argv) {
     rc = EN_EXIT_ERROR;
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
 
-    if (en_tokenizer_encode(cm.tok, prompt, strlen(prompt), !no_bos, &ids, &n_prompt, &err)) {
+    if (chat) {
+        /* Render and encode exactly as the fine-tuner does for chat data. */
+        en_chat_msg msgs[2];
+        int nm = 0;
+        if (system_msg) msgs[nm++] = (en_chat_msg){"system", system_msg};
+        msgs[nm++] = (en_chat_msg){"user", prompt};
+        en_chat_render *r = NULL;
+        en_status cs = en_chat_render_create(tmpl, msgs, nm, 1, &r, &err);
+        if (cs == EN_OK) cs = en_chat_render_encode(r, cm.tok, !no_bos, 0, &ids, NULL, &n_prompt, &err);
+        en_chat_render_destroy(r);
+        if (cs != EN_OK) {
+            en_cli_error(CMD, "--prompt: %s", err.msg);
+            goto done;
+        }
+    } else if (en_tokenizer_encode(cm.tok, prompt, strlen(prompt), !no_bos, &ids, &n_prompt,
+                                   &err)) {
         en_cli_error(CMD, "--prompt: %s", err.msg);
         goto done;
     }
