@@ -13,12 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../models/lora.h"
+#include "../models/train.h"
 #include "cli.h"
 
 #define CMD "bench"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: energon bench decode|prefill --model DIR [options]\n"
+    fprintf(f, "usage: energon bench decode|prefill|train --model DIR [options]\n"
+               "  train: --batch B --seq-len T (default 4 x 256), --lora-rank R for LoRA;\n"
+               "         times forward + backward + AdamW per step on random tokens\n"
                "  --tokens N     tokens per measurement (default: prefill 128, decode 64)\n"
                "  --prompt N     decode: prompt length before timing (default 16)\n"
                "  --repeats R    measurements; the median is reported (default 5)\n"
@@ -31,19 +35,120 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* `bench train`: median time of full optimizer steps (zero grads, forward,
+ * backward, AdamW over every trainable tensor) on one random batch.
+ * Model FLOPs per token: 6 per weight of every matmul (forward 2, backward
+ * 4; the lm_head included, the embedding lookup not) plus the attention
+ * products 6 * L * T * (H*D) (QK^T and PV, causal: half of T on average,
+ * forward + backward = 3x forward). With LoRA the frozen weights still cost
+ * forward + input-gradient, 4 per weight; the figure reported is the same
+ * model-FLOPs formula so that LoRA and full runs compare by work done. */
+static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int steps, int lora_rank,
+                       int json_out) {
+    en_err err = {0};
+    const en_model_hparams *hp = en_model_get_hparams(cm->model);
+    en_lora *lora = NULL;
+    en_train *t = NULL;
+    int rc = EN_EXIT_ERROR;
+    int32_t *in = malloc((size_t)B * T * sizeof(int32_t));
+    int32_t *tg = malloc((size_t)B * T * sizeof(int32_t));
+    double *times = malloc((size_t)(steps + 2) * sizeof(double));
+    float *mo = NULL, *vo = NULL;
+    if (!in || !tg || !times) goto done;
+    if (lora_rank > 0) {
+        en_lora_config lc = {lora_rank, 2.0f * lora_rank, 0x7f};
+        if (en_lora_create(cm->be, hp, &lc, &lora, &err) ||
+            en_model_set_lora(cm->model, lora, &err)) {
+            en_cli_error(cmd, "%s", err.msg);
+            goto done;
+        }
+        en_lora_init(lora, 1);
+    }
+    en_train_config tc = {B, T, 0};
+    if (en_train_create(cm->model, &tc, &t, &err)) {
+        en_cli_error(cmd, "%s", err.msg);
+        goto done;
+    }
+    size_t np;
+    float *p = en_train_params(t, &np);
+    mo = calloc(np, sizeof(float));
+    vo = calloc(np, sizeof(float));
+    if (!mo || !vo) goto done;
+    uint64_t x = 99;
+    for (int i = 0; i < B * T; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        in[i] = (int32_t)((x >> 33) % (uint64_t)hp->n_vocab);
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tg[i] = (int32_t)((x >> 33) % (uint64_t)hp->n_vocab);
+    }
+    for (int s = 0; s < steps + 2; s++) { /* two warm-up steps */
+        double t0 = en_time_now(), nll;
+        int64_t cnt;
+        en_train_zero_grad(t);
+        if (en_train_fwd_bwd(t, in, tg, 1.0f / (float)(B * T), &nll, &cnt, &err)) {
+            en_cli_error(cmd, "%s", err.msg);
+            goto done;
+        }
+        for (int i = 0; i < en_train_n_tensors(t); i++) {
+            size_t off, ne;
+            en_train_tensor(t, i, NULL, &off, &ne, NULL);
+            en_op_adamw(cm->be, p + off, en_train_grads(t) + off, mo + off, vo + off, ne, 1e-4f,
+                        0.9f, 0.999f, 1e-8f, 0.0f, s + 1);
+        }
+        times[s] = en_time_now() - t0;
+    }
+    double med = median(times + 2, steps);
+    double tps = (double)B * T / med;
+    const double C = hp->n_embd, F = hp->n_ff, L = hp->n_layer, V = hp->n_vocab;
+    const double QD = (double)hp->n_head * hp->head_dim, KVD = (double)hp->n_kv_head * hp->head_dim;
+    double matmul_w = L * (C * QD + 2 * C * KVD + QD * C + 3 * C * F) + V * C;
+    double flops_tok = 6 * matmul_w + 6 * L * T * QD;
+    double gflops = flops_tok * tps / 1e9;
+    size_t act_layer, act = en_train_activation_bytes(t, &act_layer);
+    if (json_out)
+        printf("{\"bench\":\"train\",\"batch\":%d,\"seq_len\":%d,\"steps\":%d,\"threads\":%d,"
+               "\"lora_rank\":%d,\"tok_per_s\":%.2f,\"gflop_per_s\":%.3f,\"step_ms\":%.2f}\n",
+               B, T, steps, en_backend_n_threads(cm->be), lora_rank, tps, gflops, med * 1e3);
+    else {
+        printf("bench train: %s, batch %d x %d tokens, median of %d steps, %d threads\n",
+               lora_rank ? "LoRA" : "full fine-tuning", B, T, steps, en_backend_n_threads(cm->be));
+        printf("  trainable parameters: %zu; activations held: %.1f MB (%.1f MB per layer)\n", np,
+               act / 1e6, act_layer / 1e6);
+        printf("  step: %.1f ms\n  tokens/s: %.1f\n  model GFLOP/s: %.2f (%.1f MFLOP per token)\n",
+               med * 1e3, tps, gflops, flops_tok / 1e6);
+    }
+    rc = EN_EXIT_OK;
+done:
+    free(in);
+    free(tg);
+    free(times);
+    free(mo);
+    free(vo);
+    en_train_destroy(t);
+    if (lora) en_model_set_lora(cm->model, NULL, NULL);
+    en_lora_destroy(lora);
+    return rc;
+}
+
 int en_cmd_bench(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? EN_EXIT_USAGE : EN_EXIT_OK;
     }
     const char *mode = argv[1];
-    int is_decode = strcmp(mode, "decode") == 0;
-    if (!is_decode && strcmp(mode, "prefill") != 0) {
-        en_cli_error(CMD, "unknown benchmark '%s' (decode, prefill)", mode);
+    int is_decode = strcmp(mode, "decode") == 0, is_train = strcmp(mode, "train") == 0;
+    if (!is_decode && !is_train && strcmp(mode, "prefill") != 0) {
+        en_cli_error(CMD, "unknown benchmark '%s' (decode, prefill, train)", mode);
         return EN_EXIT_USAGE;
     }
     en_cli_load_opts lo = {0};
     int tokens = is_decode ? 64 : 128, prompt = 16, repeats = 5, json_out = 0, bad = 0;
+    int batch = 4, seq_len = 256, lora_rank = 0;
     for (int i = 2; i < argc && !bad; i++) {
         const char *v;
         if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
@@ -53,6 +158,12 @@ int en_cmd_bench(int argc, char **argv) {
             if (!bad && !en_cli_int(CMD, "--prompt", v, 1, 1 << 20, &prompt)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--repeats", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--repeats", v, 1, 1000, &repeats)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--batch", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--batch", v, 1, 1 << 16, &batch)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--seq-len", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--seq-len", v, 1, 1 << 20, &seq_len)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--lora-rank", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--lora-rank", v, 1, 4096, &lora_rank)) bad = 1;
         } else if (en_cli_switch(argv, i, "--json")) {
             json_out = 1;
         } else {
@@ -64,6 +175,11 @@ int en_cmd_bench(int argc, char **argv) {
     en_cli_model cm;
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) return rc;
+    if (is_train) {
+        rc = bench_train(CMD, &cm, batch, seq_len, repeats, lora_rank, json_out);
+        en_cli_unload(&cm);
+        return rc;
+    }
     rc = EN_EXIT_ERROR;
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
     int need = is_decode ? prompt + tokens : tokens;
@@ -104,9 +220,7 @@ int en_cmd_bench(int argc, char **argv) {
         double dt = en_time_now() - t0;
         if (r >= 0) times[r] = dt;
     }
-    qsort(times, (size_t)repeats, sizeof(double), cmp_double);
-    double med = repeats % 2 ? times[repeats / 2]
-                             : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
+    double med = median(times, repeats);
     double tps = tokens / med;
     double bytes = (double)en_model_param_bytes(cm.model);
     /* Forward FLOPs per token ~ 2 * parameters (matmuls), ignoring attention. */

@@ -48,11 +48,18 @@ static void usage(FILE *f) {
 /* Where generated text goes: stdout as it comes, or a buffer for --json. */
 typedef struct out_sink {
     int to_buffer;
+    int strip_space; /* drop one leading space of the output (chat answers) */
     char *buf;
     size_t len, cap;
 } out_sink;
 
 static int sink_write(out_sink *o, const char *s, size_t n) {
+    if (n && o->strip_space) {
+        /* SentencePiece gives the answer's first word its "dummy prefix"
+         * space (the answer was encoded as its own segment in training). */
+        o->strip_space = 0;
+        if (s[0] == ' ') s++, n--;
+    }
     if (!n) return 1;
     if (!o->to_buffer) {
         fwrite(s, 1, n, stdout);
@@ -163,6 +170,7 @@ int en_cmd_generate(int argc, char **argv) {
     int n_gen = 0;
     const char *finish = "length";
     sink.to_buffer = json_out;
+    sink.strip_space = chat;
     rc = EN_EXIT_ERROR;
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
 
