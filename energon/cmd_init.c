@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../common/file.h"
+#include "../common/rng.h"
 #include "../common/safetensors.h"
 #include "../models/convert.h"
 #include "../models/model.h"
@@ -24,20 +25,6 @@ static void usage(FILE *f) {
                "FILE.json is a Hugging Face config (model_type llama, mistral or qwen2, sizes);\n"
                "vocab_size may be left out to take the tokenizer's size. Writes DIR/config.json,\n"
                "model.safetensors and the tokenizer files.\n");
-}
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* standard normal by Box-Muller from the splitmix stream */
-static double normal(uint64_t *s) {
-    double u1 = ((double)(splitmix64(s) >> 11) + 0.5) * 0x1.0p-53;
-    double u2 = (double)(splitmix64(s) >> 11) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 
 int en_cmd_init(int argc, char **argv) {
@@ -169,7 +156,8 @@ int en_cmd_init(int argc, char **argv) {
         en_cli_error(CMD, "out of memory for %zu parameters", total);
         goto done_names;
     }
-    uint64_t rs = seed;
+    en_rng rs;
+    en_rng_seed(&rs, seed);
     size_t off = 0;
     const double std = 0.02, scaled = 0.02 / sqrt(2.0 * L);
     for (int i = 0; i < n_items; i++) {
@@ -177,7 +165,7 @@ int en_cmd_init(int argc, char **argv) {
         for (size_t j = 0; j < n; j++)
             w[off + j] = kinds[i] == 1 ? 1.0f
                          : kinds[i] == 2 ? 0.0f
-                                         : (float)(normal(&rs) * (kinds[i] == 3 ? scaled : std));
+                                         : (float)(en_rng_normal(&rs) * (kinds[i] == 3 ? scaled : std));
         items[i].name = names[i];
         items[i].dtype = EN_DTYPE_F32;
         items[i].n_dims = shapes[i][1] ? 2 : 1;

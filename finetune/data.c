@@ -18,6 +18,8 @@
 #include "data.h"
 
 #include "../common/file.h"
+#include "../common/rng.h"
+#include "../common/utf8.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -62,38 +64,6 @@ en_data_config en_data_config_default(void) {
 
 /* ---- small helpers ---- */
 
-/* Offset of the first byte that is not well-formed UTF-8 (RFC 3629: no
- * overlong forms, no surrogates, nothing above U+10FFFF), or len. */
-static size_t utf8_first_invalid(const unsigned char *s, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        size_t n;
-        unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            n = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
-        if (len - i < n || s[i + 1] < lo || s[i + 1] > hi) return i;
-        for (size_t k = 2; k < n; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-        i += n;
-    }
-    return len;
-}
-
 static int has_suffix(const char *s, size_t n, const char *suf) {
     size_t m = strlen(suf);
     return n >= m && memcmp(s + n - m, suf, m) == 0;
@@ -117,42 +87,6 @@ static const char *json_type_name(const json_t *v) {
     case JSON_NULL: return "null";
     }
     return "an unknown value";
-}
-
-/* splitmix64: the seeding generator (Steele, Lea, Flood 2014). */
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* xoshiro256** (Blackman, Vigna 2018). */
-typedef struct xoshiro {
-    uint64_t s[4];
-} xoshiro;
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(xoshiro *g) {
-    uint64_t *s = g->s;
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-/* Uniform in [0, n) without modulo bias (rejects the short top range). */
-static uint64_t xoshiro_below(xoshiro *g, uint64_t n) {
-    uint64_t threshold = (0 - n) % n; /* 2^64 mod n */
-    for (;;) {
-        uint64_t r = xoshiro_next(g);
-        if (r >= threshold) return r % n;
-    }
 }
 
 /* ---- loading ---- */
@@ -334,7 +268,7 @@ done:
 
 /* One non-blank line of a .jsonl file. */
 static en_status jsonl_record(loader *L, const char *path, int64_t line, const char *s, size_t n) {
-    size_t at = utf8_first_invalid((const unsigned char *)s, n);
+    size_t at = en_utf8_first_invalid((const unsigned char *)s, n);
     if (at < n)
         return bad(L, path, line, "invalid UTF-8 (byte 0x%02X at column %zu)",
                    (unsigned)(unsigned char)s[at], at + 1);
@@ -419,7 +353,7 @@ static en_status load_jsonl(loader *L, const char *path, const char *buf, size_t
 
 /* A document of a .txt file: text [0, n) starting at `line`. */
 static en_status txt_document(loader *L, const char *path, int64_t line, const char *s, size_t n) {
-    size_t at = utf8_first_invalid((const unsigned char *)s, n);
+    size_t at = en_utf8_first_invalid((const unsigned char *)s, n);
     if (at < n) {
         int64_t bad_line = line;
         size_t line_start = 0;
@@ -654,8 +588,8 @@ void en_dataset_window(const en_dataset *ds, int64_t i, int32_t *inputs, int32_t
 /* A uniform draw in [0, 1) for record i, from the seed alone. */
 static double record_draw(uint64_t seed, int64_t i) {
     uint64_t x = seed;
-    uint64_t k = splitmix64(&x) ^ (uint64_t)i;
-    return (double)(splitmix64(&k) >> 11) * 0x1.0p-53;
+    uint64_t k = en_splitmix64(&x) ^ (uint64_t)i;
+    return (double)(en_splitmix64(&k) >> 11) * 0x1.0p-53;
 }
 
 /* A new dataset with the records of ds whose side[i] == which, packed. */
@@ -760,14 +694,13 @@ void en_dataset_order(const en_dataset *ds, uint64_t seed, int64_t epoch, int64_
     /* Seed mixes both numbers through splitmix64 so that nearby seeds and
      * epochs give unrelated streams. */
     uint64_t x = seed;
-    uint64_t k = splitmix64(&x) ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ull);
-    xoshiro g;
-    for (int j = 0; j < 4; j++)
-        g.s[j] = splitmix64(&k);
+    uint64_t k = en_splitmix64(&x) ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ull);
+    en_rng g;
+    en_rng_seed(&g, k);
     for (int64_t i = 0; i < n; i++)
         perm[i] = i;
     for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = (int64_t)xoshiro_below(&g, (uint64_t)i + 1);
+        int64_t j = (int64_t)en_rng_below(&g, (uint64_t)i + 1);
         int64_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../common/file.h"
+#include "../common/rng.h"
 #include "../common/safetensors.h"
 #include "model_impl.h"
 
@@ -176,13 +177,6 @@ void en_lora_tensor(const en_lora *l, int i, const char **name, float **data, in
     shape[1] = l->tensors[i].shape[1];
 }
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void en_lora_init(en_lora *l, uint64_t seed) {
     /* Host staging then one upload: the data may live on a device. */
     float *h = en_calloc(l->n ? l->n : 1, sizeof(float));
@@ -194,7 +188,7 @@ void en_lora_init(en_lora *l, uint64_t seed) {
         size_t n = (size_t)(ta->shape[0] * ta->shape[1]);
         double bound = 1.0 / sqrt((double)ta->shape[1]);
         for (size_t i = 0; i < n; i++) {
-            double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53;
+            double u = (double)(en_splitmix64(&s) >> 11) * 0x1.0p-53;
             h[off + i] = (float)((2 * u - 1) * bound);
         }
         /* B (tensor t+1) stays zero */

@@ -4,6 +4,8 @@
  */
 #include "sampler.h"
 
+#include "../common/rng.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,7 @@
 struct en_sampler {
     en_sampler_config cfg;
     int n_vocab;
-    uint64_t rng[4];
+    en_rng rng;
     int32_t *counts;  /* (V) times each token was generated */
     int32_t *idx;     /* (V) scratch: candidate ids */
     float *prob;      /* (V) scratch */
@@ -36,33 +38,8 @@ en_status en_sampler_config_check(const en_sampler_config *c, en_err *err) {
     return EN_OK;
 }
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next_u64(uint64_t *s) {
-    uint64_t r = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double next_uniform(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
-
 void en_sampler_reset(en_sampler *s, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    en_rng_seed(&s->rng, seed);
     memset(s->counts, 0, (size_t)s->n_vocab * sizeof(int32_t));
 }
 
@@ -153,7 +130,7 @@ int32_t en_sampler_sample(en_sampler *s, float *logits) {
         sum = 0;
         for (int i = 0; i < n; i++) sum += s->prob[s->idx[i]];
     }
-    double r = next_uniform(s->rng) * sum, acc = 0;
+    double r = en_rng_uniform(&s->rng) * sum, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += s->prob[s->idx[i]];
         if (r < acc) return s->idx[i];

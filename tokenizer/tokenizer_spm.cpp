@@ -15,6 +15,8 @@
  */
 #include "tokenizer.h"
 
+#include "../common/utf8.h"
+
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -83,39 +85,6 @@ std::string spm_message(const sentencepiece::util::Status &s) {
     return m.empty() ? s.ToString() : m;
 }
 
-/* Offset of the first byte that is not part of well-formed UTF-8 (RFC 3629:
- * no overlong forms, no surrogates, nothing above U+10FFFF), or `len` when
- * the whole buffer is valid. */
-size_t utf8_first_invalid(const unsigned char *s, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        size_t n;
-        unsigned lo = 0x80, hi = 0xBF; /* allowed range of the 2nd byte */
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            n = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 3;
-            if (c == 0xE0) lo = 0xA0; /* overlong */
-            if (c == 0xED) hi = 0x9F; /* surrogates */
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 4;
-            if (c == 0xF0) lo = 0x90; /* overlong */
-            if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
-        } else {
-            return i;
-        }
-        if (len - i < n) return i;
-        if (s[i + 1] < lo || s[i + 1] > hi) return i;
-        for (size_t k = 2; k < n; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-        i += n;
-    }
-    return len;
-}
 
 /* Read a whole file; on failure fills err with the path and errno text. */
 en_status read_file(const char *path, std::string *out, en_err *err) {
@@ -298,7 +267,7 @@ en_status en_tokenizer_encode(const en_tokenizer *tok, const char *text, size_t 
         return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_encode: NULL argument");
     *ids = nullptr;
     *n_ids = 0;
-    size_t bad = utf8_first_invalid((const unsigned char *)text, len);
+    size_t bad = en_utf8_first_invalid((const unsigned char *)text, len);
     if (bad < len)
         return EN_ERR(err, EN_ERR_ARG,
                       "invalid UTF-8 in the text to encode at byte offset %zu (byte 0x%02x)", bad,

@@ -1,0 +1,23 @@
+/*
+ * utf8.h - UTF-8 validation shared by the tokenizer (prompts) and the data
+ * pipeline (training files), so both accept and reject the same bytes.
+ */
+#ifndef EN_UTF8_H
+#define EN_UTF8_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Offset of the first byte that is not part of well-formed UTF-8 (RFC 3629:
+ * no overlong forms, no surrogates, nothing above U+10FFFF), or len when the
+ * whole buffer is valid. */
+size_t en_utf8_first_invalid(const unsigned char *s, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
