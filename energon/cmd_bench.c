@@ -49,7 +49,7 @@ static double median(double *v, int n) {
  * forward + input-gradient, 4 per weight; the figure reported is the same
  * model-FLOPs formula so that LoRA and full runs compare by work done. */
 static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int steps, int lora_rank,
-                       int json_out) {
+                       int recompute, int json_out) {
     en_err err = {0};
     const en_model_hparams *hp = en_model_get_hparams(cm->model);
     en_lora *lora = NULL;
@@ -69,7 +69,7 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
         }
         en_lora_init(lora, 1);
     }
-    en_train_config tc = {B, T, 0};
+    en_train_config tc = {B, T, 0, recompute};
     if (en_train_create(cm->model, &tc, &t, &err)) {
         en_cli_error(cmd, "%s", err.msg);
         goto done;
@@ -115,8 +115,11 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
                "\"lora_rank\":%d,\"tok_per_s\":%.2f,\"gflop_per_s\":%.3f,\"step_ms\":%.2f}\n",
                B, T, steps, en_backend_n_threads(cm->be), lora_rank, tps, gflops, med * 1e3);
     else {
-        printf("bench train: %s, batch %d x %d tokens, median of %d steps, %d threads\n",
-               lora_rank ? "LoRA" : "full fine-tuning", B, T, steps, en_backend_n_threads(cm->be));
+        printf("bench train: %s, recompute %s, batch %d x %d tokens, median of %d steps, %d "
+               "threads\n",
+               lora_rank ? "LoRA" : "full fine-tuning",
+               recompute == EN_RECOMPUTE_FULL ? "full" : "selective", B, T, steps,
+               en_backend_n_threads(cm->be));
         printf("  trainable parameters: %zu; activations held: %.1f MB (%.1f MB per layer)\n", np,
                act / 1e6, act_layer / 1e6);
         printf("  step: %.1f ms\n  tokens/s: %.1f\n  model GFLOP/s: %.2f (%.1f MFLOP per token)\n",
@@ -148,7 +151,7 @@ int en_cmd_bench(int argc, char **argv) {
     }
     en_cli_load_opts lo = {0};
     int tokens = is_decode ? 64 : 128, prompt = 16, repeats = 5, json_out = 0, bad = 0;
-    int batch = 4, seq_len = 256, lora_rank = 0;
+    int batch = 4, seq_len = 256, lora_rank = 0, recompute = EN_RECOMPUTE_SELECTIVE;
     for (int i = 2; i < argc && !bad; i++) {
         const char *v;
         if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
@@ -162,6 +165,12 @@ int en_cmd_bench(int argc, char **argv) {
             if (!bad && !en_cli_int(CMD, "--batch", v, 1, 1 << 16, &batch)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--seq-len", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--seq-len", v, 1, 1 << 20, &seq_len)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--recompute", &v, &bad)) {
+            if (!bad && strcmp(v, "full") == 0) recompute = EN_RECOMPUTE_FULL;
+            else if (!bad && strcmp(v, "selective") != 0) {
+                en_cli_error(CMD, "--recompute: '%s' is not one of selective, full", v);
+                bad = 1;
+            }
         } else if (en_cli_flag(argc, argv, &i, "--lora-rank", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--lora-rank", v, 1, 4096, &lora_rank)) bad = 1;
         } else if (en_cli_switch(argv, i, "--json")) {
@@ -176,7 +185,7 @@ int en_cmd_bench(int argc, char **argv) {
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) return rc;
     if (is_train) {
-        rc = bench_train(CMD, &cm, batch, seq_len, repeats, lora_rank, json_out);
+        rc = bench_train(CMD, &cm, batch, seq_len, repeats, lora_rank, recompute, json_out);
         en_cli_unload(&cm);
         return rc;
     }

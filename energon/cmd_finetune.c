@@ -9,6 +9,7 @@
 
 #include "../finetune/trainer.h"
 #include "../models/lora.h"
+#include "../models/train.h"
 #include "cli.h"
 
 #define CMD "finetune"
@@ -59,6 +60,8 @@ static void usage(FILE *f) {
         "  --keep K               checkpoints kept (default 2)\n"
         "  --log-every N          plain log line interval when not on a terminal (default 10)\n"
         "  --resume RUN_DIR       continue from the newest valid checkpoint\n"
+        "  --recompute MODE       selective (default: attention recomputed, nothing s x s\n"
+        "                         stored) or full (keep only each layer's input)\n"
         "  --threads N            CPU threads\n");
 }
 
@@ -136,6 +139,13 @@ int en_cmd_finetune(int argc, char **argv) {
         } else if (en_cli_flag(argc, argv, &i, "--lora-targets", &v, &bad)) {
             if (!bad && en_lora_targets_parse(v, &c.lora_targets, &err) != EN_OK) {
                 en_cli_error(CMD, "--lora-targets: %s", err.msg);
+                bad = 1;
+            }
+        } else if (en_cli_flag(argc, argv, &i, "--recompute", &v, &bad)) {
+            if (!bad && strcmp(v, "selective") == 0) c.recompute = EN_RECOMPUTE_SELECTIVE;
+            else if (!bad && strcmp(v, "full") == 0) c.recompute = EN_RECOMPUTE_FULL;
+            else if (!bad) {
+                en_cli_error(CMD, "--recompute: '%s' is not one of selective, full", v);
                 bad = 1;
             }
         } else if (en_cli_switch(argv, i, "--train-on-all")) {

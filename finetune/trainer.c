@@ -105,6 +105,7 @@ static en_status config_save(const en_finetune_config *c, en_err *err) {
     json_object_set_new(r, "chat_template",
                         json_string(en_chat_template_name(c->data_cfg.chat_template)));
     json_object_set_new(r, "threads", json_integer(c->n_threads));
+    json_object_set_new(r, "recompute", json_integer(c->recompute));
     char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(r);
     char *p = en_path_join(c->run_dir, "run.json");
@@ -185,6 +186,7 @@ en_status en_finetune_config_load(const char *run_dir, en_finetune_config *c, vo
     GB("train_on_all", c->data_cfg.train_on_all);
     GB("skip_bad_records", c->data_cfg.skip_bad_records);
     GI("threads", c->n_threads);
+    GI("recompute", c->recompute);
     json_t *ct = json_object_get(r, "chat_template");
     if (json_is_string(ct)) en_chat_template_from_name(json_string_value(ct), &c->data_cfg.chat_template, NULL);
 #undef GI
@@ -583,7 +585,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
                                     : ((int64_t)cfg->epochs * nw + per_step - 1) / per_step;
     if (r->total_steps < 1) r->total_steps = 1;
 
-    en_train_config tc = {r->B, r->T, 0};
+    en_train_config tc = {r->B, r->T, 0, cfg->recompute};
     if ((s = en_train_create(r->model, &tc, &r->tr, err)) != EN_OK) goto fail;
     float *params = en_train_params(r->tr, &r->n_params);
     (void)params;
@@ -598,11 +600,13 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     }
     size_t act_layer = 0, act_total = en_train_activation_bytes(r->tr, &act_layer);
     en_log(EN_LOG_INFO,
-           "%s: %zu trainable parameters%s; AdamW state %.1f MB; activations %.1f MB "
-           "(%.1f MB per layer)",
+           "%s: %zu trainable parameters%s; AdamW state %.1f MB; activations held for the "
+           "backward pass (recompute %s): %.2f MB per layer, %.1f MB in total",
            r->lora ? "LoRA" : "full fine-tuning", r->n_params,
            r->lora ? " (base weights frozen: no gradients or optimizer state for them)" : "",
-           2.0 * r->n_params * 4 / 1e6, act_total / 1e6, act_layer / 1e6);
+           2.0 * r->n_params * 4 / 1e6,
+           cfg->recompute == EN_RECOMPUTE_FULL ? "full" : "selective", act_layer / 1e6,
+           act_total / 1e6);
     en_log(EN_LOG_INFO,
            "batch: %d x %d tokens x %d accumulation = %lld tokens per step; %lld steps "
            "(%.2f epochs of %lld windows)",

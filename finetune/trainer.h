@@ -45,6 +45,7 @@ typedef struct en_finetune_config {
     int eval_every, eval_batches, save_every, keep, log_every;
     en_data_config data_cfg;
     int n_threads;
+    int recompute; /* en_recompute (models/train.h) */
 } en_finetune_config;
 
 en_finetune_config en_finetune_config_default(void);

@@ -40,6 +40,7 @@ struct en_train {
     float *x;            /* (N, C) residual stream; the last layer's output */
     float *xf;           /* (N, C) final rmsnorm output */
     size_t per_layer_floats;
+    float *xr;           /* (N, C) FULL: the layer input being recomputed */
     /* scratch (not saved) */
     float *proj, *tmp, *lora_u, *lora_du;
     float *dx, *dxn, *dq, *dk, *dv, *datt, *dgate, *dup, *dh, *dxf;
@@ -109,10 +110,13 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->grads = en_backend_alloc(be, t->n_params * sizeof(float));
     if (!t->grads) goto oom;
 
-    /* activation arena: per layer x_in, xn1, x_mid, xn2 (C); q, att (QD);
-     * k, v (KVD); gate, up, h (F) -- then x and xf */
-    t->per_layer_floats = N * (4 * C + 2 * QD + 2 * KVD + 3 * F);
-    t->arena_floats = L * t->per_layer_floats + 2 * N * C;
+    /* activation arena. SELECTIVE: per layer x_in, xn1, x_mid, xn2 (C);
+     * q, att (QD); k, v (KVD); gate, up, h (F). FULL: per layer x_in only,
+     * plus one working set of the rest shared by all layers. Then x, xf. */
+    const size_t work = N * (3 * C + 2 * QD + 2 * KVD + 3 * F);
+    const int full = cfg->recompute == EN_RECOMPUTE_FULL;
+    t->per_layer_floats = full ? N * C : N * C + work;
+    t->arena_floats = L * t->per_layer_floats + (full ? work + N * C : 0) + 2 * N * C;
     t->arena = en_backend_alloc(be, t->arena_floats * sizeof(float));
     t->acts = en_calloc(L, sizeof(en_layer_acts));
     t->k = en_calloc(L, sizeof(float *));
@@ -146,9 +150,19 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         !t->dv || !t->dgate || !t->dup || !t->dh || !t->logits || !t->nll || !t->scale || !t->pos)
         goto oom;
     float *p = t->arena;
+    en_layer_acts shared = {0};
+    float *shared_k = NULL, *shared_v = NULL;
     for (size_t l = 0; l < L; l++) {
         en_layer_acts *a = &t->acts[l];
         a->x_in = p, p += N * C;
+        if (full && l > 0) { /* every layer shares layer 0's working set */
+            float *x_in = a->x_in;
+            *a = shared;
+            a->x_in = x_in;
+            t->k[l] = shared_k;
+            t->v[l] = shared_v;
+            continue;
+        }
         a->xn1 = p, p += N * C;
         a->x_mid = p, p += N * C;
         a->xn2 = p, p += N * C;
@@ -162,7 +176,11 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         a->proj = t->proj;
         a->tmp = t->tmp;
         a->lora_u = t->lora_u;
+        shared = *a;
+        shared_k = t->k[l];
+        shared_v = t->v[l];
     }
+    if (full) t->xr = p, p += N * C;
     t->x = p, p += N * C;
     t->xf = p, p += N * C;
     for (int i = 0; i < t->N; i++) t->pos[i] = i % cfg->seq_len;
@@ -300,6 +318,15 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     for (int l = L - 1; l >= 0; l--) {
         const en_layer_acts *a = &t->acts[l];
         const en_layer_w *w = &m->layers[l];
+        if (t->cfg.recompute == EN_RECOMPUTE_FULL && l != L - 1) {
+            /* Re-run this layer's forward from its saved input to refill the
+             * shared working set (the last layer's is still there from the
+             * forward); x_in is not copied again (NULL). */
+            en_layer_acts ra = *a;
+            ra.x_in = NULL;
+            memcpy(t->xr, a->x_in, (size_t)N * C * sizeof(float));
+            en_llama_layer_fwd(m, l, t->xr, N, B, t->pos, t->k[l], t->v[l], 0, &ra);
+        }
 #define LP(i) (lo ? en_lora_get(lo, l, (i)) : NULL)
         /* MLP: x_out = x_mid + down(h), h = silu(gate) * up */
         zero(t->dh, (size_t)N * F);

@@ -23,10 +23,21 @@
 #include "../common/status.h"
 #include "model.h"
 
+/* What the forward keeps for the backward pass (Korthikanti et al. 2022):
+ * SELECTIVE keeps every layer's activations except the attention
+ * probabilities, which the backward recomputes from q and k; FULL keeps
+ * only each layer's input and recomputes the whole layer forward during
+ * the backward pass (about one extra forward: +1/3 of the step's FLOPs). */
+typedef enum en_recompute {
+    EN_RECOMPUTE_SELECTIVE = 0,
+    EN_RECOMPUTE_FULL = 1
+} en_recompute;
+
 typedef struct en_train_config {
     int batch;    /* B sequences per micro-batch, >= 1 */
     int seq_len;  /* T tokens per sequence, 1 .. max_position_embeddings */
     int ce_chunk; /* rows per cross-entropy chunk; 0 = 256 */
+    en_recompute recompute;
 } en_train_config;
 
 typedef struct en_train en_train;
@@ -58,7 +69,14 @@ en_status en_train_loss(en_train *t, const int32_t *inputs, const int32_t *targe
                         double *nll_sum, int64_t *n_tokens, en_err *err);
 
 /* Bytes of activations held for the backward pass, per layer and in total
- * (total includes the final norm and the cross-entropy chunk). */
+ * (total adds the last layer's output and the final norm, and with FULL the
+ * one layer's working set that the recomputation reuses). Per layer and per
+ * token, in float32 elements, with C hidden, F intermediate, H*D query and
+ * Hkv*D key/value widths:
+ *   SELECTIVE: 4C (layer input, two norm outputs, mid residual)
+ *              + 2 H*D (q, attention output) + 2 Hkv*D (k, v) + 3F (gate, up, h)
+ *   FULL:      C (the layer input)
+ * The s x s attention scores are never stored. */
 size_t en_train_activation_bytes(const en_train *t, size_t *per_layer);
 
 #endif

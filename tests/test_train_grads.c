@@ -71,7 +71,7 @@ static void run_case(en_backend *be, int ci) {
     float ref_loss;
     memcpy(&ref_loss, tl->data, 4);
 
-    en_train_config tc = {B, T, 5}; /* ce_chunk 5: several chunks of the fused loss */
+    en_train_config tc = {B, T, 5, EN_RECOMPUTE_SELECTIVE}; /* ce_chunk 5: several chunks of the fused loss */
     CHECK(en_train_create(m, &tc, &t, &err) == EN_OK, "%s", err.msg);
     if (!t) goto done_batch;
     size_t n_par = 0;
@@ -153,6 +153,32 @@ static void run_case(en_backend *be, int ci) {
     }
     CHECK(acc_err < 1e-6, "%s: gradients must accumulate (max diff %.3g)", k_cases[ci].name,
           acc_err);
+    /* Full recomputation: the same ops in the same order, so the same
+     * gradients bit for bit, with only each layer's input held. */
+    {
+        en_train *tf = NULL;
+        en_train_config tcf = tc;
+        tcf.recompute = EN_RECOMPUTE_FULL;
+        CHECK(en_train_create(m, &tcf, &tf, &err) == EN_OK, "%s", err.msg);
+        if (tf) {
+            double nf;
+            int64_t cf;
+            en_train_zero_grad(tf);
+            en_train_fwd_bwd(tf, inputs, targets, 1.0f / (float)n_tok, &nf, &cf, &err);
+            CHECK(nf == nll && memcmp(g1, en_train_grads(tf), n_grad * sizeof(float)) == 0,
+                  "%s: full recomputation changed the loss or the gradients", k_cases[ci].name);
+            /* activation bytes per layer against the formula in train.h */
+            const en_model_hparams *hp = en_model_get_hparams(m);
+            size_t N = (size_t)B * T, C = hp->n_embd, F = hp->n_ff;
+            size_t QD = (size_t)hp->n_head * hp->head_dim, KVD = (size_t)hp->n_kv_head * hp->head_dim;
+            size_t ps, pf;
+            size_t ts = en_train_activation_bytes(t, &ps), tf_total = en_train_activation_bytes(tf, &pf);
+            CHECK(ps == 4 * N * (4 * C + 2 * QD + 2 * KVD + 3 * F), "selective bytes per layer %zu", ps);
+            CHECK(pf == 4 * N * C, "full bytes per layer %zu", pf);
+            CHECK(tf_total < ts, "full recomputation must hold less (%zu vs %zu)", tf_total, ts);
+            en_train_destroy(tf);
+        }
+    }
     free(g1);
 done_batch:
     free(inputs);
