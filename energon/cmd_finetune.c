@@ -62,14 +62,17 @@ static void usage(FILE *f) {
         "  --resume RUN_DIR       continue from the newest valid checkpoint\n"
         "  --recompute MODE       selective (default: attention recomputed, nothing s x s\n"
         "                         stored) or full (keep only each layer's input)\n"
-        "  --threads N            CPU threads\n");
+        "  --threads N            CPU threads\n"
+        "parallel (under mpirun / srun; one process per rank):\n"
+        "  --tp T                 tensor-parallel size (only 1 so far; issue #4)\n"
+        "  --zero 0|1             1: shard the AdamW moments across data-parallel ranks\n");
 }
 
 int en_cmd_finetune(int argc, char **argv) {
     en_finetune_config c = en_finetune_config_default();
     const char *resume = NULL, *device = NULL;
     int64_t steps_override = 0;
-    int bad = 0, have_epochs = 0;
+    int bad = 0, have_epochs = 0, tp = 1, zero = 0;
     en_err err = {0};
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
@@ -163,6 +166,8 @@ int en_cmd_finetune(int argc, char **argv) {
         INT_FLAG("--keep", 1, 1000, c.keep)
         INT_FLAG("--log-every", 1, 1 << 30, c.log_every)
         INT_FLAG("--threads", 1, 1024, c.n_threads)
+        INT_FLAG("--tp", 1, 4096, tp)
+        INT_FLAG("--zero", 0, 1, zero)
         FLOAT_FLAG("--lr", 1e-9, 10, c.lr)
         FLOAT_FLAG("--min-lr-ratio", 0, 1, c.min_lr_ratio)
         FLOAT_FLAG("--weight-decay", 0, 10, c.weight_decay)
@@ -187,7 +192,7 @@ int en_cmd_finetune(int argc, char **argv) {
     if (resume) {
         if (c.model_dir || c.n_data) {
             en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
-                              "only --steps and --threads may be given with it");
+                              "only --steps, --threads, --tp and --zero may be given with it");
             return EN_EXIT_USAGE;
         }
         int threads = c.n_threads;
@@ -208,6 +213,27 @@ int en_cmd_finetune(int argc, char **argv) {
             return EN_EXIT_USAGE;
         }
     }
+    /* Under mpirun / srun: one rank per process, data parallel across the
+     * ranks (tensor parallel groups of --tp adjacent ranks). */
+    en_comm *comm = NULL;
+    if (en_comm_launched_by_mpi()) {
+        en_comm_config cc = en_comm_config_default();
+        cc.tp = tp;
+        if (en_comm_create_mpi(&cc, &comm, &err) != EN_OK) {
+            en_cli_error(CMD, "%s", err.msg);
+            if (keep) en_finetune_config_free(keep);
+            return EN_EXIT_ERROR;
+        }
+        if (en_comm_rank(comm, EN_GROUP_WORLD) != 0) /* rank 0 reports for all */
+            en_log_set_sink(NULL, NULL, EN_LOG_ERROR);
+    } else if (tp > 1) {
+        en_cli_error(CMD, "--tp %d needs %d processes: start energon with mpirun -np N (N a "
+                          "multiple of %d)", tp, tp, tp);
+        if (keep) en_finetune_config_free(keep);
+        return EN_EXIT_USAGE;
+    }
+    c.comm = comm;
+    c.zero = zero;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -216,12 +242,16 @@ int en_cmd_finetune(int argc, char **argv) {
     en_finetune_result res;
     en_status s = en_finetune_run(&c, resume != NULL, &g_stop, &res, &err);
     if (keep) en_finetune_config_free(keep);
+    int rank = comm ? en_comm_rank(comm, EN_GROUP_WORLD) : 0;
+    en_comm_destroy(comm);
+    if (s != EN_OK && rank != 0) return EN_EXIT_ERROR; /* rank 0 prints the message */
     if (s != EN_OK) {
         en_cli_error(CMD, "%s", err.msg);
         return EN_EXIT_ERROR;
     }
     if (res.interrupted) {
-        fprintf(stderr, "energon finetune: stopped by signal %d at step %lld; checkpoint saved. "
+        if (rank == 0)
+            fprintf(stderr, "energon finetune: stopped by signal %d at step %lld; checkpoint saved. "
                         "Continue with: energon finetune --resume %s\n",
                 (int)g_stop, (long long)res.steps_done, c.run_dir);
         return 128 + (int)g_stop;

@@ -221,7 +221,35 @@ typedef struct run {
     en_progress *progress;
     double t_start;
     int64_t tokens_seen;
+    /* data parallelism */
+    en_comm *comm;  /* borrowed, or own_comm */
+    en_comm *own_comm;
+    int D, dp_rank, main;
+    size_t shard, lo, hi; /* ZeRO-1: this rank's slice [lo, hi) of the params */
+    float *pad;     /* (shard * D) collective staging */
+    float *gshard;  /* (shard) this rank's reduced gradient slice (ZeRO) */
+    float *vfull;   /* (n_params) ZeRO: gathered second moment for checkpoints */
 } run;
+
+/* Gradient all-reduce in buckets, so that a large model does not need one
+ * message of its whole size (and so that a later overlap with the backward
+ * pass has its unit). */
+#define EN_DP_BUCKET ((size_t)1 << 22)
+
+static en_status dp_allreduce(run *r, float *buf, size_t n, en_err *err) {
+    for (size_t o = 0; o < n; o += EN_DP_BUCKET)
+        EN_TRY(en_comm_allreduce_sum(r->comm, EN_GROUP_DP, buf + o,
+                                     n - o < EN_DP_BUCKET ? n - o : EN_DP_BUCKET, err));
+    return EN_OK;
+}
+
+/* ZeRO-1: gather every rank's shard of `src` (shard floats each, this rank's
+ * at src_shard) into dst (n floats). */
+static en_status dp_gather(run *r, const float *src_shard, float *dst, size_t n, en_err *err) {
+    EN_TRY(en_comm_allgather(r->comm, EN_GROUP_DP, src_shard, r->pad, r->shard, err));
+    memcpy(dst, r->pad, n * sizeof(float));
+    return EN_OK;
+}
 
 static void warn_cb(const char *msg, void *user) {
     (void)user;
@@ -241,7 +269,7 @@ static float lr_at(const run *r, int64_t step) {
 /* Fill the step's (accum * B) windows from the epoch order. */
 static void next_windows(run *r) {
     const int64_t nw = en_dataset_n_windows(r->train);
-    for (int i = 0; i < r->accum * r->B; i++) {
+    for (int i = 0; i < r->accum * r->B * r->D; i++) {
         if (r->cursor == nw) {
             r->epoch++;
             r->cursor = 0;
@@ -261,6 +289,7 @@ static en_status evaluate(run *r, double *val_loss, en_err *err) {
     double sum = 0;
     int64_t cnt = 0;
     for (int64_t b = 0; b < n_mb; b++) {
+        if (b % r->D != r->dp_rank) continue; /* data-parallel: every D-th */
         for (int i = 0; i < r->B; i++) {
             int64_t w = b * r->B + i;
             int32_t *in = r->inputs + (size_t)i * r->T, *tg = r->targets + (size_t)i * r->T;
@@ -276,7 +305,9 @@ static en_status evaluate(run *r, double *val_loss, en_err *err) {
         sum += s;
         cnt += n;
     }
-    if (cnt) *val_loss = sum / (double)cnt;
+    double red[2] = {sum, (double)cnt};
+    EN_TRY(en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, red, 2, err));
+    if (red[1] > 0) *val_loss = red[0] / red[1];
     return EN_OK;
 }
 
@@ -302,6 +333,17 @@ static en_st_writer_item *param_items(run *r, const float *base, const char *pre
 
 static en_status save_checkpoint(run *r, en_err *err) {
     const en_finetune_config *c = r->cfg;
+    /* The checkpoint holds the full moments whatever the layout, so a run
+     * resumes under any data-parallel size: with ZeRO gather them first
+     * (every rank takes part), then rank 0 writes. */
+    float *mfull = r->m, *vfull = r->v;
+    if (r->cfg->zero && r->D > 1) {
+        EN_TRY(dp_gather(r, r->v, r->vfull, r->n_params, err));
+        EN_TRY(en_comm_allgather(r->comm, EN_GROUP_DP, r->m, r->pad, r->shard, err));
+        mfull = r->pad;
+        vfull = r->vfull;
+    }
+    if (!r->main) return EN_OK;
     en_ckpt_writer *w = NULL;
     EN_TRY(en_ckpt_begin(c->run_dir, r->step, &w, err));
     int n = en_train_n_tensors(r->tr);
@@ -323,8 +365,8 @@ static en_status save_checkpoint(run *r, en_err *err) {
     if (s == EN_OK) {
         char(*mn)[160] = en_calloc((size_t)n * 2, 160);
         en_st_writer_item *all = en_calloc((size_t)n * 2, sizeof *all);
-        en_st_writer_item *im = mn ? param_items(r, r->m, "m.", mn) : NULL;
-        en_st_writer_item *iv = mn ? param_items(r, r->v, "v.", mn + n) : NULL;
+        en_st_writer_item *im = mn ? param_items(r, mfull, "m.", mn) : NULL;
+        en_st_writer_item *iv = mn ? param_items(r, vfull, "v.", mn + n) : NULL;
         if (!mn || !all || !im || !iv) {
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         } else {
@@ -419,10 +461,17 @@ static en_status load_checkpoint(run *r, en_err *err) {
         size_t np;
         float *p = en_train_params(r->tr, &np);
         s = load_tensors(r, wp, "", p, r->lora != NULL, err);
-        if (s == EN_OK) s = load_tensors(r, op, "m.", r->m, 0, err);
-        if (s == EN_OK) s = load_tensors(r, op, "v.", r->v, 0, err);
+        if (r->cfg->zero && r->D > 1) { /* full moments in the file: keep this rank's slice */
+            if (s == EN_OK) s = load_tensors(r, op, "m.", r->pad, 0, err);
+            if (s == EN_OK) memcpy(r->m, r->pad + r->lo, (r->hi - r->lo) * sizeof(float));
+            if (s == EN_OK) s = load_tensors(r, op, "v.", r->pad, 0, err);
+            if (s == EN_OK) memcpy(r->v, r->pad + r->lo, (r->hi - r->lo) * sizeof(float));
+        } else {
+            if (s == EN_OK) s = load_tensors(r, op, "m.", r->m, 0, err);
+            if (s == EN_OK) s = load_tensors(r, op, "v.", r->v, 0, err);
+        }
     }
-    if (s == EN_OK)
+    if (s == EN_OK && r->main)
         en_log(EN_LOG_INFO, "resuming from %s (step %lld, epoch %lld)", dir, (long long)r->step,
                (long long)r->epoch);
     en_free(wp);
@@ -477,6 +526,10 @@ static void run_free(run *r) {
     en_free(r->perm);
     en_free(r->inputs);
     en_free(r->targets);
+    en_free(r->pad);
+    en_free(r->gshard);
+    en_free(r->vfull);
+    en_comm_destroy(r->own_comm);
     en_dataset_destroy(r->train);
     en_dataset_destroy(r->val);
     if (r->model) en_model_set_lora(r->model, NULL, NULL);
@@ -517,6 +570,21 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
 
     if (cfg->n_data < 1) return EN_ERR(err, EN_ERR_ARG, "--data FILE is required");
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "--batch must be >= 1");
+    r->comm = cfg->comm;
+    if (!r->comm) {
+        if ((s = en_comm_create_single(&r->own_comm, err)) != EN_OK) return s;
+        r->comm = r->own_comm;
+    }
+    if (en_comm_size(r->comm, EN_GROUP_TP) > 1) {
+        s = EN_ERR(err, EN_ERR_UNSUPPORTED,
+                   "--tp %d: tensor parallelism is not implemented yet (issue #4); run data "
+                   "parallel with --tp 1",
+                   en_comm_size(r->comm, EN_GROUP_TP));
+        goto fail;
+    }
+    r->D = en_comm_size(r->comm, EN_GROUP_DP);
+    r->dp_rank = en_comm_rank(r->comm, EN_GROUP_DP);
+    r->main = en_comm_rank(r->comm, EN_GROUP_WORLD) == 0;
     en_backend_config bc = en_backend_config_default();
     bc.n_threads = cfg->n_threads;
     if ((s = en_backend_cpu_create(&bc, &r->be, err)) != EN_OK) goto fail;
@@ -578,8 +646,12 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
 
     /* schedule */
     int64_t per_mb = (int64_t)r->B * r->T;
-    r->accum = cfg->batch_tokens > per_mb ? (int)((cfg->batch_tokens + per_mb - 1) / per_mb) : 1;
-    int64_t per_step = (int64_t)r->accum * r->B;
+    int64_t per_mb_all = per_mb * r->D; /* one micro-batch on every rank */
+    r->accum = cfg->batch_tokens > per_mb_all
+                   ? (int)((cfg->batch_tokens + per_mb_all - 1) / per_mb_all)
+                   : 1;
+    /* windows per optimizer step, over all data-parallel ranks */
+    int64_t per_step = (int64_t)r->accum * r->B * r->D;
     int64_t nw = en_dataset_n_windows(r->train);
     r->total_steps = cfg->steps > 0 ? cfg->steps
                                     : ((int64_t)cfg->epochs * nw + per_step - 1) / per_step;
@@ -589,8 +661,30 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     if ((s = en_train_create(r->model, &tc, &r->tr, err)) != EN_OK) goto fail;
     float *params = en_train_params(r->tr, &r->n_params);
     (void)params;
-    r->m = en_calloc(r->n_params, sizeof(float));
-    r->v = en_calloc(r->n_params, sizeof(float));
+    /* AdamW moments: all of them, or with ZeRO-1 this rank's slice */
+    size_t n_mom = r->n_params;
+    if (r->D > 1) {
+        r->shard = (r->n_params + (size_t)r->D - 1) / (size_t)r->D;
+        r->lo = r->shard * (size_t)r->dp_rank;
+        if (r->lo > r->n_params) r->lo = r->n_params;
+        r->hi = r->lo + r->shard > r->n_params ? r->n_params : r->lo + r->shard;
+        r->pad = en_calloc(r->shard * (size_t)r->D, sizeof(float));
+        if (!r->pad) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        if (cfg->zero) {
+            n_mom = r->shard;
+            r->gshard = en_calloc(r->shard, sizeof(float));
+            r->vfull = en_calloc(r->n_params, sizeof(float));
+            if (!r->gshard || !r->vfull) {
+                s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+        }
+    }
+    r->m = en_calloc(n_mom, sizeof(float));
+    r->v = en_calloc(n_mom, sizeof(float));
     r->perm = en_malloc((size_t)nw * sizeof(int64_t));
     r->inputs = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
     r->targets = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
@@ -608,50 +702,65 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
            cfg->recompute == EN_RECOMPUTE_FULL ? "full" : "selective", act_layer / 1e6,
            act_total / 1e6);
     en_log(EN_LOG_INFO,
-           "batch: %d x %d tokens x %d accumulation = %lld tokens per step; %lld steps "
+           "batch: %d x %d tokens x %d accumulation (x data-parallel ranks) = %lld tokens per step; %lld steps "
            "(%.2f epochs of %lld windows)",
            r->B, r->T, r->accum, (long long)(per_step * r->T), (long long)r->total_steps,
            (double)(r->total_steps * per_step) / (double)nw, (long long)nw);
+    if (r->D > 1)
+        en_log(EN_LOG_INFO,
+               "data parallel: %d ranks; global batch = %d sequences x %d accumulation x %d "
+               "ranks = %lld sequences; %s",
+               r->D, r->B, r->accum, r->D, (long long)per_step,
+               cfg->zero ? "ZeRO-1: each rank keeps 1/D of the AdamW moments"
+                         : "AdamW moments replicated");
 
-    if ((s = en_mkdir_p(cfg->run_dir, err)) != EN_OK) goto fail;
     r->epoch = 0;
     r->cursor = 0;
-    if (resume) {
-        if ((s = load_checkpoint(r, err)) != EN_OK) goto fail;
-    } else {
-        if ((s = config_save(cfg, err)) != EN_OK) goto fail;
-    }
+    s = EN_OK;
+    if (r->main) s = en_mkdir_p(cfg->run_dir, err);
+    if (s == EN_OK && resume) s = load_checkpoint(r, err);
+    if (s == EN_OK && !resume && r->main) s = config_save(cfg, err);
+    /* one rank's failure (a bad file, no checkpoint) ends every rank */
+    if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
     en_dataset_order(r->train, cfg->seed, r->epoch, r->perm);
-    if ((s = en_metrics_open(cfg->run_dir, resume ? r->step : -1, &r->metrics, err)) != EN_OK)
-        goto fail;
-    if ((s = en_progress_create(stderr, r->total_steps, r->step, cfg->log_every, &r->progress,
-                                err)) != EN_OK)
-        goto fail;
+    if (r->main) {
+        if ((s = en_metrics_open(cfg->run_dir, resume ? r->step : -1, &r->metrics, err)) != EN_OK)
+            goto fail;
+        if ((s = en_progress_create(stderr, r->total_steps, r->step, cfg->log_every,
+                                    &r->progress, err)) != EN_OK)
+            goto fail;
+    }
 
     double val = NAN, last_loss = NAN;
     r->t_start = en_time_now();
     int64_t tokens_run = 0;
     int64_t first_step = r->step;
     while (r->step < r->total_steps) {
-        if (stop && *stop) {
+        /* a signal on any rank stops every rank at the same step */
+        double stop_flag = stop && *stop ? 1.0 : 0.0;
+        if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_WORLD, &stop_flag, 1, err)) != EN_OK)
+            goto fail;
+        if (stop_flag > 0) {
             res->interrupted = 1;
             break;
         }
         double t0 = en_time_now();
         next_windows(r);
-        int64_t n_tok = 0;
+        int64_t n_tok = 0; /* trained tokens of the whole (global) step */
         for (int64_t i = 0; i < per_step * r->T; i++) n_tok += r->targets[i] >= 0;
         en_train_zero_grad(r->tr);
         double sum = 0;
         for (int a = 0; a < r->accum && n_tok > 0; a++) {
             double ls;
             int64_t lc;
-            size_t off = (size_t)a * r->B * r->T;
+            /* this rank's share: micro-batches dp_rank, dp_rank + D, ... */
+            size_t off = ((size_t)a * r->D + (size_t)r->dp_rank) * r->B * r->T;
             if ((s = en_train_fwd_bwd(r->tr, r->inputs + off, r->targets + off,
                                       1.0f / (float)n_tok, &ls, &lc, err)) != EN_OK)
                 goto fail;
             sum += ls;
         }
+        if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, &sum, 1, err)) != EN_OK) goto fail;
         double loss = n_tok ? sum / (double)n_tok : 0.0;
         if (!isfinite(loss)) {
             s = EN_ERR(err, EN_ERR_ARG,
@@ -659,20 +768,55 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
                        loss, (long long)r->step + 1, (double)cfg->lr);
             goto fail;
         }
-        /* clip by global norm, then AdamW per tensor */
+        /* Sum the gradients over the data-parallel ranks (each rank's is
+         * already scaled by 1 / the global token count), clip by the global
+         * norm, then AdamW: on every parameter, or with ZeRO-1 on this
+         * rank's slice followed by an all-gather of the parameters. */
         float *g = en_train_grads(r->tr);
         size_t np;
         float *p = en_train_params(r->tr, &np);
-        double gnorm = sqrt(en_op_sumsq(r->be, g, np));
-        if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
-            en_op_scale(r->be, g, (float)(cfg->grad_clip / gnorm), np);
         float lr = lr_at(r, r->step);
-        for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
-            size_t off, ne;
-            int decay;
-            en_train_tensor(r->tr, i, NULL, &off, &ne, &decay);
-            en_op_adamw(r->be, p + off, g + off, r->m + off, r->v + off, ne, lr, cfg->beta1,
-                        cfg->beta2, cfg->eps, decay ? cfg->weight_decay : 0.0f, (int)(r->step + 1));
+        double gnorm;
+        const int zero = cfg->zero && r->D > 1;
+        if (!zero) {
+            if ((s = dp_allreduce(r, g, np, err)) != EN_OK) goto fail;
+            gnorm = sqrt(en_op_sumsq(r->be, g, np));
+            if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
+                en_op_scale(r->be, g, (float)(cfg->grad_clip / gnorm), np);
+            for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
+                size_t off, ne;
+                int decay;
+                en_train_tensor(r->tr, i, NULL, &off, &ne, &decay);
+                en_op_adamw(r->be, p + off, g + off, r->m + off, r->v + off, ne, lr, cfg->beta1,
+                            cfg->beta2, cfg->eps, decay ? cfg->weight_decay : 0.0f,
+                            (int)(r->step + 1));
+            }
+        } else {
+            memcpy(r->pad, g, np * sizeof(float));
+            memset(r->pad + np, 0, (r->shard * (size_t)r->D - np) * sizeof(float));
+            if ((s = en_comm_reduce_scatter_sum(r->comm, EN_GROUP_DP, r->pad, r->gshard, r->shard,
+                                                err)) != EN_OK)
+                goto fail;
+            double ss = en_op_sumsq(r->be, r->gshard, r->shard);
+            if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, &ss, 1, err)) != EN_OK)
+                goto fail;
+            gnorm = sqrt(ss);
+            if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
+                en_op_scale(r->be, r->gshard, (float)(cfg->grad_clip / gnorm), r->shard);
+            for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
+                size_t off, ne;
+                int decay;
+                en_train_tensor(r->tr, i, NULL, &off, &ne, &decay);
+                size_t a0 = off > r->lo ? off : r->lo, a1 = off + ne < r->hi ? off + ne : r->hi;
+                if (a0 >= a1) continue; /* tensor outside this rank's slice */
+                en_op_adamw(r->be, p + a0, r->gshard + (a0 - r->lo), r->m + (a0 - r->lo),
+                            r->v + (a0 - r->lo), a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps,
+                            decay ? cfg->weight_decay : 0.0f, (int)(r->step + 1));
+            }
+            /* every rank gets the updated parameters (send a padded copy) */
+            memset(r->gshard, 0, r->shard * sizeof(float));
+            memcpy(r->gshard, p + r->lo, (r->hi - r->lo) * sizeof(float));
+            if ((s = dp_gather(r, r->gshard, p, np, err)) != EN_OK) goto fail;
         }
         r->step++;
         r->tokens_seen += per_step * r->T;
@@ -683,29 +827,36 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         int do_eval = r->val && (r->step == r->total_steps ||
                                  (cfg->eval_every > 0 && r->step % cfg->eval_every == 0));
         if (do_eval && (s = evaluate(r, &val, err)) != EN_OK) goto fail;
-        char line[512];
-        int k = snprintf(line, sizeof line,
-                         "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-                         "\"tokens\":%lld,\"trained_tokens\":%lld,\"tokens_per_s\":%.1f,"
-                         "\"epoch\":%lld",
-                         (long long)r->step, loss, (double)lr, gnorm, (long long)r->tokens_seen,
-                         (long long)n_tok, tps, (long long)r->epoch);
-        if (do_eval && isfinite(val)) k += snprintf(line + k, sizeof line - (size_t)k, ",\"val_loss\":%.17g", val);
-        snprintf(line + k, sizeof line - (size_t)k, "}");
-        if ((s = en_metrics_log(r->metrics, line, err)) != EN_OK) goto fail;
-        en_progress_update(r->progress, r->step, loss, do_eval ? val : NAN, tps);
-        if (do_eval && (s = write_plot(r, err)) != EN_OK) goto fail;
+        if (r->main) {
+            char line[512];
+            int k = snprintf(line, sizeof line,
+                             "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                             "\"tokens\":%lld,\"trained_tokens\":%lld,\"tokens_per_s\":%.1f,"
+                             "\"epoch\":%lld",
+                             (long long)r->step, loss, (double)lr, gnorm,
+                             (long long)r->tokens_seen, (long long)n_tok, tps, (long long)r->epoch);
+            if (do_eval && isfinite(val))
+                k += snprintf(line + k, sizeof line - (size_t)k, ",\"val_loss\":%.17g", val);
+            snprintf(line + k, sizeof line - (size_t)k, "}");
+            if ((s = en_metrics_log(r->metrics, line, err)) != EN_OK) goto fail;
+            en_progress_update(r->progress, r->step, loss, do_eval ? val : NAN, tps);
+            if (do_eval && (s = write_plot(r, err)) != EN_OK) goto fail;
+        }
         if (cfg->save_every > 0 && r->step % cfg->save_every == 0 && r->step < r->total_steps) {
-            if ((s = save_checkpoint(r, err)) != EN_OK) goto fail;
+            s = save_checkpoint(r, err);
+            if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
         }
     }
-    en_progress_finish(r->progress);
+    if (r->progress) en_progress_finish(r->progress);
     /* final (or interrupted) checkpoint, outputs, plot */
     if (r->step > first_step || resume || r->step == r->total_steps) {
-        if ((s = save_checkpoint(r, err)) != EN_OK) goto fail;
+        s = save_checkpoint(r, err);
+        if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
     }
-    if ((s = write_plot(r, err)) != EN_OK) goto fail;
-    if (!res->interrupted && (s = write_final(r, err)) != EN_OK) goto fail;
+    s = EN_OK;
+    if (r->main) s = write_plot(r, err);
+    if (s == EN_OK && r->main && !res->interrupted) s = write_final(r, err);
+    if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
     double el = en_time_now() - r->t_start;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "../common/comm.h"
 #include "../common/status.h"
 #include "data.h"
 
@@ -46,6 +47,13 @@ typedef struct en_finetune_config {
     en_data_config data_cfg;
     int n_threads;
     int recompute; /* en_recompute (models/train.h) */
+    /* Data parallelism: borrowed communicator (NULL = one process). Each
+     * data-parallel rank runs accum micro-batches of the step's global batch
+     * (batch x accum x dp windows); gradients are summed across ranks, so
+     * every rank takes the same optimizer step. zero = 1 shards the AdamW
+     * moments across the ranks (ZeRO stage 1). Rank 0 writes the run files. */
+    en_comm *comm;
+    int zero;
 } en_finetune_config;
 
 en_finetune_config en_finetune_config_default(void);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# test_parallel.sh ENERGON FIXTURES SHARED MPIEXEC
+# Data parallelism through the command line, under mpirun on CPU:
+#  - per-step losses of 10 steps with the same global batch equal the
+#    single-process run within 1e-5 relative for dp2, dp2 + ZeRO-1 and dp4;
+#  - checkpoints are layout-free: a dp2 + ZeRO-1 run resumed by one process,
+#    and a one-process run resumed under dp2 + ZeRO-1, continue the
+#    reference curve;
+#  - --tp > 1 (not implemented yet) is refused with a clear message.
+set -u
+ENERGON=$1
+FIX=$2
+SHARED=${3:-}
+MPIEXEC=${4:-mpirun}
+T=$(mktemp -d /tmp/en_par_XXXXXX)
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+MPI=("$MPIEXEC" --allow-run-as-root --oversubscribe)
+command -v "$MPIEXEC" >/dev/null || { echo "test_parallel: SKIPPED: $MPIEXEC not found"; exit 77; }
+
+# a small model made here (tokenizer + energon init), so this runs anywhere
+for i in $(seq 1 120); do
+    echo "Shipment $i left dock $((i % 7)) with $((i % 13)) pallets of crates."
+    [ $((i % 6)) -eq 0 ] && echo
+done >"$T/docs.txt"
+"$ENERGON" tokenizer train --data "$T/docs.txt" --vocab-size 300 --out "$T/tok.model" >/dev/null 2>&1 || { echo "FAIL tokenizer"; exit 1; }
+echo '{"model_type":"llama","hidden_size":48,"intermediate_size":96,"num_hidden_layers":2,
+ "num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":64}' >"$T/cfg.json"
+"$ENERGON" init --config "$T/cfg.json" --tokenizer "$T/tok.model" --out "$T/base" >/dev/null 2>&1 || { echo "FAIL init"; exit 1; }
+
+ARGS=(--model "$T/base" --data "$T/docs.txt" --doc-sep blank --seq-len 32 --batch 2
+      --batch-tokens 256 --steps 10 --lr 2e-3 --warmup 2 --weight-decay 0.1 --save-every 5
+      --keep 3 --eval-every 0 --threads 1 --seed 5)
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+# compare NAME DIR: every step's loss within 1e-5 relative of the reference
+compare() {
+    if [ ! -f "$2/metrics.jsonl" ]; then echo "FAIL $1: no metrics"; fail=$((fail + 1)); return; fi
+    local worst
+    worst=$(paste <(losses "$T/ref") <(losses "$2") | awk '
+        { n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r }
+        END { if (n != 10) print "count", n; else printf "%.2e\n", w }')
+    if awk -v w="$worst" 'BEGIN { exit !(w + 0 <= 1e-5 && w !~ /count/) }'; then
+        echo "  ok $1: 10 losses within $worst relative of one process"; pass=$((pass + 1))
+    else
+        echo "FAIL $1: $worst"; paste <(losses "$T/ref") <(losses "$2") | head -10; fail=$((fail + 1))
+    fi
+}
+
+"$ENERGON" finetune "${ARGS[@]}" --out "$T/ref" >"$T/ref.log" 2>&1 || { echo "FAIL reference"; tail -3 "$T/ref.log"; exit 1; }
+"${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --out "$T/dp2" >"$T/dp2.log" 2>&1
+compare "dp2" "$T/dp2"
+"${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --zero 1 --out "$T/dp2z" >"$T/dp2z.log" 2>&1
+compare "dp2 + ZeRO-1" "$T/dp2z"
+grep -q "ZeRO-1: each rank keeps 1/D" "$T/dp2z.log" && grep -q "global batch = 2 sequences x 2 accumulation x 2 ranks" "$T/dp2z.log" &&
+    { echo "  ok the run reports the global batch and the optimizer sharding"; pass=$((pass + 1)); } ||
+    { echo "FAIL global batch report"; fail=$((fail + 1)); }
+"${MPI[@]}" -np 4 "$ENERGON" finetune "${ARGS[@]}" --zero 1 --out "$T/dp4" >"$T/dp4.log" 2>&1
+compare "dp4 + ZeRO-1" "$T/dp4"
+
+# layout-free checkpoints: drop the last checkpoint and resume under another layout
+cp -r "$T/dp2z" "$T/dp2z_to_1"
+rm -rf "$T/dp2z_to_1/checkpoints/step-00000010"
+"$ENERGON" finetune --resume "$T/dp2z_to_1" --threads 1 >"$T/r1.log" 2>&1
+grep -q "resuming from .*step-00000005" "$T/r1.log" && compare "dp2 + ZeRO-1 run resumed by one process" "$T/dp2z_to_1" ||
+    { echo "FAIL resume dp2z -> 1"; tail -3 "$T/r1.log"; fail=$((fail + 1)); }
+cp -r "$T/ref" "$T/one_to_dp2z"
+rm -rf "$T/one_to_dp2z/checkpoints/step-00000010"
+"${MPI[@]}" -np 2 "$ENERGON" finetune --resume "$T/one_to_dp2z" --threads 1 --zero 1 >"$T/r2.log" 2>&1
+grep -q "resuming from .*step-00000005" "$T/r2.log" && compare "one-process run resumed under dp2 + ZeRO-1" "$T/one_to_dp2z" ||
+    { echo "FAIL resume 1 -> dp2z"; tail -3 "$T/r2.log"; fail=$((fail + 1)); }
+
+# not yet: tensor parallelism
+"${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --tp 2 --out "$T/tp2" >"$T/tp2.log" 2>&1
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "tensor parallelism is not implemented yet" "$T/tp2.log"; then
+    echo "  ok --tp 2 refused: $(grep -m1 'tensor parallelism' "$T/tp2.log" | cut -c1-100)"; pass=$((pass + 1))
+else
+    echo "FAIL --tp 2 (exit $rc)"; tail -3 "$T/tp2.log"; fail=$((fail + 1))
+fi
+
+echo "test_parallel: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
