@@ -182,6 +182,32 @@ void en_op_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const 
                            window);
 }
 
+void en_op_attention_store(en_backend *be, float *out, float *probs, const float *q,
+                           size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                           const int32_t *pos, int T, int S, int H, int Hkv, int D, int window) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
+    if (T == 0 || H == 0) return;
+    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
+    EN_ASSERT(q_stride >= (size_t)H * (size_t)D && kv_stride >= (size_t)Hkv * (size_t)D);
+    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
+    be->ops->attention_store(be, out, probs, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D,
+                             window);
+}
+
+void en_op_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
+                                const float *dout, const float *probs, const float *q,
+                                size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                                const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                                int window) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
+    if (T == 0 || H == 0 || D == 0 || (!dq && !dk && !dv)) return;
+    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
+    EN_ASSERT(q_stride >= (size_t)H * (size_t)D && kv_stride >= (size_t)Hkv * (size_t)D);
+    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
+    be->ops->attention_bwd_stored(be, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride, pos,
+                                  T, S, H, Hkv, D, window);
+}
+
 void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
                              const int32_t *target, const float *scale, int T, int V) {
     EN_ASSERT(T >= 0 && V >= 0);

@@ -126,6 +126,24 @@ void en_op_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const 
                          size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
                          int D, int window);
 
+/* Attention that also stores its probabilities, for training without
+ * recomputation (--recompute none): same arguments and result as
+ * en_op_attention, plus probs (T, H, S) row-major, the softmax of every
+ * query row over its allowed keys and 0 elsewhere. */
+void en_op_attention_store(en_backend *be, float *out, float *probs, const float *q,
+                           size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                           const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                           int window);
+
+/* Attention backward from stored probabilities (en_op_attention_store):
+ * as en_op_attention_bwd, without recomputing the scores. dq, dk, dv
+ * accumulate. */
+void en_op_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
+                                const float *dout, const float *probs, const float *q,
+                                size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                                const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                                int window);
+
 /* Cross-entropy gradient w.r.t. logits (T, V): dlogits[t] = scale[t] *
  * (softmax(logits[t]) - onehot(target[t])); rows with target < 0 get 0.
  * dlogits is OVERWRITTEN (it may alias logits). scale may be NULL (= 1). */

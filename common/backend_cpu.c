@@ -339,6 +339,122 @@ static void cpu_attention(en_backend *be, float *out, const float *q, size_t q_s
     }
 }
 
+/* Attention keeping its probabilities: per (query, head) the scores over
+ * the allowed keys, a stable softmax, the row written to probs (zeros
+ * outside the window) and the weighted sum of V. One writer per row. */
+static void cpu_attention_store(en_backend *be, float *out, float *probs, const float *q,
+                                size_t q_stride, const float *k, const float *v,
+                                size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                int Hkv, int D, int window) {
+    const int group = H / Hkv;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const long long n_items = (long long)T * H;
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 4) \
+    if ((size_t)n_items * (size_t)S * (size_t)D >= CPU_PAR_MIN)
+    for (long long i = 0; i < n_items; i++) {
+        const int t = (int)(i / H), h = (int)(i % H), kvh = h / group;
+        const int s1 = pos[t];
+        const int s0 = (window > 0 && s1 - window + 1 > 0) ? s1 - window + 1 : 0;
+        const float *qr = q + (size_t)t * q_stride + (size_t)h * D;
+        float *pr = probs + (size_t)i * S; /* (S) */
+        float *o = out + (size_t)i * D;   /* (D) */
+        memset(pr, 0, (size_t)S * sizeof(float));
+        float mx = -INFINITY;
+        for (int s = s0; s <= s1; s++) {
+            const float *kr = k + (size_t)s * kv_stride + (size_t)kvh * D;
+            float dot = 0.0f;
+            for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
+            pr[s] = dot * scale;
+            if (pr[s] > mx) mx = pr[s];
+        }
+        double sum = 0.0;
+        for (int s = s0; s <= s1; s++) {
+            pr[s] = expf(pr[s] - mx);
+            sum += pr[s];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        for (int s = s0; s <= s1; s++) {
+            pr[s] *= inv;
+            const float *vr = v + (size_t)s * kv_stride + (size_t)kvh * D;
+            for (int d = 0; d < D; d++) o[d] += pr[s] * vr[d];
+        }
+    }
+}
+
+/* Backward from stored probabilities. Pass 1, per (query, head): dp_s =
+ * dout . v_s, r = sum_s p_s dp_s, dq += scale * sum_s p_s (dp_s - r) k_s;
+ * r is kept. Pass 2, per (kv head, key): dv_s += sum p dout and dk_s +=
+ * scale * sum p (dout . v_s - r) q over the queries and heads of the group
+ * that attend s, so each dk / dv row has one writer. */
+static void cpu_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
+                                     const float *dout, const float *probs, const float *q,
+                                     size_t q_stride, const float *k, const float *v,
+                                     size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                     int Hkv, int D, int window) {
+    cpu_ctx *c = be->ctx;
+    const int group = H / Hkv;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const long long n_items = (long long)T * H;
+    float *rsum = cpu_scratch(c, (size_t)n_items * sizeof(float));
+    EN_ASSERT(rsum != NULL); /* T*H floats; the training arena is far larger */
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 4) \
+    if ((size_t)n_items * (size_t)S * (size_t)D >= CPU_PAR_MIN)
+    for (long long i = 0; i < n_items; i++) {
+        const int t = (int)(i / H), h = (int)(i % H), kvh = h / group;
+        const int s1 = pos[t];
+        const int s0 = (window > 0 && s1 - window + 1 > 0) ? s1 - window + 1 : 0;
+        const float *pr = probs + (size_t)i * S, *g = dout + (size_t)i * D;
+        double r = 0.0;
+        for (int s = s0; s <= s1; s++) {
+            const float *vr = v + (size_t)s * kv_stride + (size_t)kvh * D;
+            float dp = 0.0f;
+            for (int d = 0; d < D; d++) dp += g[d] * vr[d];
+            r += (double)pr[s] * dp;
+        }
+        rsum[i] = (float)r;
+        if (!dq) continue;
+        float *dqr = dq + (size_t)t * q_stride + (size_t)h * D;
+        for (int s = s0; s <= s1; s++) {
+            const float *vr = v + (size_t)s * kv_stride + (size_t)kvh * D;
+            const float *kr = k + (size_t)s * kv_stride + (size_t)kvh * D;
+            float dp = 0.0f;
+            for (int d = 0; d < D; d++) dp += g[d] * vr[d];
+            const float ds = pr[s] * (dp - (float)r) * scale;
+            for (int d = 0; d < D; d++) dqr[d] += ds * kr[d];
+        }
+    }
+    if (!dk && !dv) return;
+    const long long n_keys = (long long)Hkv * S;
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 8) \
+    if ((size_t)n_keys * (size_t)T * (size_t)D >= CPU_PAR_MIN)
+    for (long long j = 0; j < n_keys; j++) {
+        const int kvh = (int)(j / S), s = (int)(j % S);
+        const float *vr = v + (size_t)s * kv_stride + (size_t)kvh * D;
+        float *dkr = dk ? dk + (size_t)s * kv_stride + (size_t)kvh * D : NULL;
+        float *dvr = dv ? dv + (size_t)s * kv_stride + (size_t)kvh * D : NULL;
+        for (int t = 0; t < T; t++) {
+            const int s1 = pos[t];
+            const int s0 = (window > 0 && s1 - window + 1 > 0) ? s1 - window + 1 : 0;
+            if (s < s0 || s > s1) continue;
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                const size_t i = (size_t)t * H + (size_t)h;
+                const float p = probs[i * S + (size_t)s];
+                const float *g = dout + i * D;
+                const float *qr = q + (size_t)t * q_stride + (size_t)h * D;
+                if (dvr)
+                    for (int d = 0; d < D; d++) dvr[d] += p * g[d];
+                if (dkr) {
+                    float dp = 0.0f;
+                    for (int d = 0; d < D; d++) dp += g[d] * vr[d];
+                    const float ds = p * (dp - rsum[i]) * scale;
+                    for (int d = 0; d < D; d++) dkr[d] += ds * qr[d];
+                }
+            }
+        }
+    }
+}
+
 static void cpu_cross_entropy(en_backend *be, float *nll, const float *logits,
                               const int32_t *target, int T, int V) {
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \
@@ -850,6 +966,8 @@ static const en_backend_ops cpu_ops = {
     .swiglu_bwd = cpu_swiglu_bwd,
     .embedding_bwd = cpu_embedding_bwd,
     .attention_bwd = cpu_attention_bwd,
+    .attention_store = cpu_attention_store,
+    .attention_bwd_stored = cpu_attention_bwd_stored,
     .cross_entropy_bwd = cpu_cross_entropy_bwd,
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,

@@ -64,6 +64,14 @@ typedef struct en_backend_ops {
                           const float *q, size_t q_stride, const float *k, const float *v,
                           size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv, int D,
                           int window);
+    void (*attention_store)(en_backend *be, float *out, float *probs, const float *q,
+                            size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                            const int32_t *pos, int T, int S, int H, int Hkv, int D, int window);
+    void (*attention_bwd_stored)(en_backend *be, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *probs, const float *q,
+                                 size_t q_stride, const float *k, const float *v,
+                                 size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                 int Hkv, int D, int window);
     void (*cross_entropy_bwd)(en_backend *be, float *dlogits, const float *logits,
                               const int32_t *target, const float *scale, int T, int V);
     double (*sumsq)(en_backend *be, const float *x, size_t n);

@@ -106,24 +106,41 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
     double tps = (double)B * T / med;
     const double C = hp->n_embd, F = hp->n_ff, L = hp->n_layer, V = hp->n_vocab;
     const double QD = (double)hp->n_head * hp->head_dim, KVD = (double)hp->n_kv_head * hp->head_dim;
-    double matmul_w = L * (C * QD + 2 * C * KVD + QD * C + 3 * C * F) + V * C;
-    double flops_tok = 6 * matmul_w + 6 * L * T * QD;
+    double layer_w = L * (C * QD + 2 * C * KVD + QD * C + 3 * C * F);
+    double matmul_w = layer_w + V * C;
+    /* forward per token: 2 per matmul weight, plus QK^T and PV over T/2
+     * keys on average (causal): 2 * 2 * (T/2) * H*D per layer */
+    double fwd_tok = 2 * matmul_w + 2 * L * T * QD;
+    double flops_tok = 3 * fwd_tok; /* forward + backward (2x forward) */
+    /* Recomputation adds forward work to the backward pass: selective the
+     * attention core (the QK^T, softmax and PV of each layer), full every
+     * layer's forward (not the lm_head). Relative to no recomputation: */
+    double extra_sel = 2 * L * T * QD / flops_tok;
+    double extra_full = (2 * layer_w + 2 * L * T * QD) / flops_tok;
     double gflops = flops_tok * tps / 1e9;
     size_t act_layer, act = en_train_activation_bytes(t, &act_layer);
     if (json_out)
         printf("{\"bench\":\"train\",\"batch\":%d,\"seq_len\":%d,\"steps\":%d,\"threads\":%d,"
-               "\"lora_rank\":%d,\"tok_per_s\":%.2f,\"gflop_per_s\":%.3f,\"step_ms\":%.2f}\n",
-               B, T, steps, en_backend_n_threads(cm->be), lora_rank, tps, gflops, med * 1e3);
+               "\"lora_rank\":%d,\"tok_per_s\":%.2f,\"gflop_per_s\":%.3f,\"step_ms\":%.2f,"
+               "\"extra_flops_selective\":%.4f,\"extra_flops_full\":%.4f}\n",
+               B, T, steps, en_backend_n_threads(cm->be), lora_rank, tps, gflops, med * 1e3,
+               extra_sel, extra_full);
     else {
         printf("bench train: %s, recompute %s, batch %d x %d tokens, median of %d steps, %d "
                "threads\n",
                lora_rank ? "LoRA" : "full fine-tuning",
-               recompute == EN_RECOMPUTE_FULL ? "full" : "selective", B, T, steps,
+               recompute == EN_RECOMPUTE_FULL   ? "full"
+               : recompute == EN_RECOMPUTE_NONE ? "none"
+                                                : "selective",
+               B, T, steps,
                en_backend_n_threads(cm->be));
         printf("  trainable parameters: %zu; activations held: %.1f MB (%.1f MB per layer)\n", np,
                act / 1e6, act_layer / 1e6);
         printf("  step: %.1f ms\n  tokens/s: %.1f\n  model GFLOP/s: %.2f (%.1f MFLOP per token)\n",
                med * 1e3, tps, gflops, flops_tok / 1e6);
+        printf("  recomputation FLOPs over none: selective +%.1f%%, full +%.1f%% (model FLOPs "
+               "above exclude them)\n",
+               100 * extra_sel, 100 * extra_full);
     }
     rc = EN_EXIT_OK;
 done:
@@ -167,8 +184,9 @@ int en_cmd_bench(int argc, char **argv) {
             if (!bad && !en_cli_int(CMD, "--seq-len", v, 1, 1 << 20, &seq_len)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--recompute", &v, &bad)) {
             if (!bad && strcmp(v, "full") == 0) recompute = EN_RECOMPUTE_FULL;
+            else if (!bad && strcmp(v, "none") == 0) recompute = EN_RECOMPUTE_NONE;
             else if (!bad && strcmp(v, "selective") != 0) {
-                en_cli_error(CMD, "--recompute: '%s' is not one of selective, full", v);
+                en_cli_error(CMD, "--recompute: '%s' is not one of none, selective, full", v);
                 bad = 1;
             }
         } else if (en_cli_flag(argc, argv, &i, "--lora-rank", &v, &bad)) {

@@ -61,7 +61,8 @@ static void usage(FILE *f) {
         "  --log-every N          plain log line interval when not on a terminal (default 10)\n"
         "  --resume RUN_DIR       continue from the newest valid checkpoint\n"
         "  --recompute MODE       selective (default: attention recomputed, nothing s x s\n"
-        "                         stored) or full (keep only each layer's input)\n"
+        "                         stored), full (keep only each layer's input) or none\n"
+        "                         (also store the attention probabilities)\n"
         "  --threads N            CPU threads\n"
         "parallel (under mpirun / srun; one process per rank):\n"
         "  --tp T                 tensor-parallel size (only 1 so far; issue #4)\n"
@@ -147,8 +148,9 @@ int en_cmd_finetune(int argc, char **argv) {
         } else if (en_cli_flag(argc, argv, &i, "--recompute", &v, &bad)) {
             if (!bad && strcmp(v, "selective") == 0) c.recompute = EN_RECOMPUTE_SELECTIVE;
             else if (!bad && strcmp(v, "full") == 0) c.recompute = EN_RECOMPUTE_FULL;
+            else if (!bad && strcmp(v, "none") == 0) c.recompute = EN_RECOMPUTE_NONE;
             else if (!bad) {
-                en_cli_error(CMD, "--recompute: '%s' is not one of selective, full", v);
+                en_cli_error(CMD, "--recompute: '%s' is not one of none, selective, full", v);
                 bad = 1;
             }
         } else if (en_cli_switch(argv, i, "--train-on-all")) {

@@ -699,7 +699,10 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
            r->lora ? "LoRA" : "full fine-tuning", r->n_params,
            r->lora ? " (base weights frozen: no gradients or optimizer state for them)" : "",
            2.0 * r->n_params * 4 / 1e6,
-           cfg->recompute == EN_RECOMPUTE_FULL ? "full" : "selective", act_layer / 1e6,
+           cfg->recompute == EN_RECOMPUTE_FULL   ? "full"
+           : cfg->recompute == EN_RECOMPUTE_NONE ? "none"
+                                                 : "selective",
+           act_layer / 1e6,
            act_total / 1e6);
     en_log(EN_LOG_INFO,
            "batch: %d x %d tokens x %d accumulation (x data-parallel ranks) = %lld tokens per step; %lld steps "

@@ -53,8 +53,14 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     for (int sq = 0; sq < n_seq; sq++) {
         /* one sequence: its queries, and its keys (the cache when n_seq == 1) */
         size_t qo = (size_t)sq * T * QD, ko = (size_t)sq * T * KVD;
-        en_op_attention(be, a->att + qo, a->q + qo, (size_t)QD, kc + ko, vc + ko, (size_t)KVD,
-                        pos + (size_t)sq * T, T, p0 + T, H, Hkv, D, hp->sliding_window);
+        if (a->probs) /* training without recomputation keeps the probabilities */
+            en_op_attention_store(be, a->att + qo, a->probs + (size_t)sq * T * H * T, a->q + qo,
+                                  (size_t)QD, kc + ko, vc + ko, (size_t)KVD, pos + (size_t)sq * T,
+                                  T, T, H, Hkv, D, hp->sliding_window);
+        else
+            en_op_attention(be, a->att + qo, a->q + qo, (size_t)QD, kc + ko, vc + ko,
+                            (size_t)KVD, pos + (size_t)sq * T, T, p0 + T, H, Hkv, D,
+                            hp->sliding_window);
     }
     en_linear_fwd(be, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
     en_op_add(be, x, x, a->proj, (size_t)n * C);

@@ -57,6 +57,8 @@ typedef struct en_layer_acts {
     float *xn1;    /* (n, C) rmsnorm before attention */
     float *q;      /* (n, H*D) queries after RoPE */
     float *att;    /* (n, H*D) attention output before o_proj */
+    float *probs;  /* (n_seq, T, H, T) stored attention probabilities, or NULL
+                      (training with --recompute none only) */
     float *x_mid;  /* (n, C) residual after attention, or NULL */
     float *xn2;    /* (n, C) rmsnorm before the MLP */
     float *gate;   /* (n, F) gate projection */

@@ -115,7 +115,10 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
      * plus one working set of the rest shared by all layers. Then x, xf. */
     const size_t work = N * (3 * C + 2 * QD + 2 * KVD + 3 * F);
     const int full = cfg->recompute == EN_RECOMPUTE_FULL;
-    t->per_layer_floats = full ? N * C : N * C + work;
+    const size_t probs = cfg->recompute == EN_RECOMPUTE_NONE
+                             ? N * (size_t)hp->n_head * (size_t)cfg->seq_len
+                             : 0;
+    t->per_layer_floats = full ? N * C : N * C + work + probs;
     t->arena_floats = L * t->per_layer_floats + (full ? work + N * C : 0) + 2 * N * C;
     t->arena = en_backend_alloc(be, t->arena_floats * sizeof(float));
     t->acts = en_calloc(L, sizeof(en_layer_acts));
@@ -173,6 +176,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         a->gate = p, p += N * F;
         a->up = p, p += N * F;
         a->h = p, p += N * F;
+        if (probs) a->probs = p, p += probs;
         a->proj = t->proj;
         a->tmp = t->tmp;
         a->lora_u = t->lora_u;
@@ -347,9 +351,17 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         zero(t->dv, (size_t)N * KVD);
         for (int sq = 0; sq < B; sq++) {
             size_t qo = (size_t)sq * T * QD, ko = (size_t)sq * T * KVD;
-            en_op_attention_bwd(be, t->dq + qo, t->dk + ko, t->dv + ko, t->datt + qo, a->q + qo,
-                                (size_t)QD, t->k[l] + ko, t->v[l] + ko, (size_t)KVD,
-                                t->pos + (size_t)sq * T, T, T, H, Hkv, D, hp->sliding_window);
+            if (a->probs)
+                en_op_attention_bwd_stored(be, t->dq + qo, t->dk + ko, t->dv + ko, t->datt + qo,
+                                           a->probs + (size_t)sq * T * H * T, a->q + qo,
+                                           (size_t)QD, t->k[l] + ko, t->v[l] + ko, (size_t)KVD,
+                                           t->pos + (size_t)sq * T, T, T, H, Hkv, D,
+                                           hp->sliding_window);
+            else
+                en_op_attention_bwd(be, t->dq + qo, t->dk + ko, t->dv + ko, t->datt + qo,
+                                    a->q + qo, (size_t)QD, t->k[l] + ko, t->v[l] + ko,
+                                    (size_t)KVD, t->pos + (size_t)sq * T, T, T, H, Hkv, D,
+                                    hp->sliding_window);
         }
         en_op_rope_bwd(be, t->dq, t->pos, N, H, D, (size_t)QD, hp->rope_theta);
         en_op_rope_bwd(be, t->dk, t->pos, N, Hkv, D, (size_t)KVD, hp->rope_theta);

@@ -30,7 +30,8 @@
  * the backward pass (about one extra forward: +1/3 of the step's FLOPs). */
 typedef enum en_recompute {
     EN_RECOMPUTE_SELECTIVE = 0,
-    EN_RECOMPUTE_FULL = 1
+    EN_RECOMPUTE_FULL = 1,
+    EN_RECOMPUTE_NONE = 2 /* also store the probabilities: B*H*T*T per layer */
 } en_recompute;
 
 typedef struct en_train_config {
@@ -75,8 +76,12 @@ en_status en_train_loss(en_train *t, const int32_t *inputs, const int32_t *targe
  * Hkv*D key/value widths:
  *   SELECTIVE: 4C (layer input, two norm outputs, mid residual)
  *              + 2 H*D (q, attention output) + 2 Hkv*D (k, v) + 3F (gate, up, h)
+ *   NONE:      SELECTIVE + H*T (the attention probabilities of the token's row)
  *   FULL:      C (the layer input)
- * The s x s attention scores are never stored. */
+ * For Megatron's GPT layer (LayerNorm, 4h GeLU MLP, dropout, 16-bit) the
+ * paper's figure is s*b*h*(34 + 5*a*s/h) bytes; ours for RMSNorm, SwiGLU
+ * and no dropout, in float32 with MHA (H*D = Hkv*D = h), is
+ * s*b*(4*(8h + 3F)) + 4*s*b*a*s bytes, the last term gone with SELECTIVE. */
 size_t en_train_activation_bytes(const en_train *t, size_t *per_layer);
 
 #endif

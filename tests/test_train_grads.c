@@ -179,6 +179,30 @@ static void run_case(en_backend *be, int ci) {
             en_train_destroy(tf);
         }
     }
+    /* No recomputation: probabilities stored by the forward and used by the
+     * backward (another op, so equal within the float tolerance, not bit
+     * for bit); it holds H*T more floats per token per layer. */
+    {
+        en_train *tn = NULL;
+        en_train_config tcn = tc;
+        tcn.recompute = EN_RECOMPUTE_NONE;
+        CHECK(en_train_create(m, &tcn, &tn, &err) == EN_OK, "%s", err.msg);
+        if (tn) {
+            double nn;
+            int64_t cn;
+            en_train_zero_grad(tn);
+            en_train_fwd_bwd(tn, inputs, targets, 1.0f / (float)n_tok, &nn, &cn, &err);
+            double e = en_test_max_rel_err(en_train_grads(tn), g1, n_grad);
+            CHECK(e <= 1e-5 && (nn - nll) / nll < 1e-6 && (nll - nn) / nll < 1e-6,
+                  "%s: stored-probability backward differs (%.3g)", k_cases[ci].name, e);
+            const en_model_hparams *hp = en_model_get_hparams(m);
+            size_t N = (size_t)B * T, ps, pn;
+            en_train_activation_bytes(t, &ps);
+            en_train_activation_bytes(tn, &pn);
+            CHECK(pn == ps + 4 * N * (size_t)hp->n_head * (size_t)T, "none bytes per layer %zu", pn);
+            en_train_destroy(tn);
+        }
+    }
     free(g1);
 done_batch:
     free(inputs);
