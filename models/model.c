@@ -13,7 +13,52 @@
 
 en_model_params en_model_params_default(void) {
     en_model_params p = {0};
+    p.tp_size = 1;
     return p;
+}
+
+/* How a named tensor is split under tensor parallelism: 0 replicated,
+ * 1 by rows (column-parallel linear, vocab-parallel embedding / output),
+ * 2 by columns (row-parallel linear). */
+static int tp_split_dim(const char *name) {
+    static const char *const rows[] = {"q_proj.weight", "q_proj.bias", "k_proj.weight",
+                                       "k_proj.bias",   "v_proj.weight", "v_proj.bias",
+                                       "gate_proj.weight", "up_proj.weight",
+                                       "embed_tokens.weight", "lm_head.weight"};
+    static const char *const cols[] = {"o_proj.weight", "down_proj.weight"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        size_t k = strlen(rows[i]);
+        if (n >= k && strcmp(name + n - k, rows[i]) == 0) return 1;
+    }
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        size_t k = strlen(cols[i]);
+        if (n >= k && strcmp(name + n - k, cols[i]) == 0) return 2;
+    }
+    return 0;
+}
+
+/* The shard sizes for tp ranks, or an error naming what does not divide. */
+static en_status tp_local_hparams(const en_model_hparams *hp, int tp, const char *path,
+                                  en_model_hparams *hl, en_err *err) {
+    *hl = *hp;
+    if (tp <= 1) return EN_OK;
+    static const char *const what[] = {"num_attention_heads", "num_key_value_heads",
+                                       "intermediate_size", "vocab_size"};
+    const int val[] = {hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_vocab};
+    for (int i = 0; i < 4; i++)
+        if (val[i] % tp != 0)
+            return EN_ERR(err, EN_ERR_ARG,
+                          "%s: tensor-parallel size %d does not divide %s %d%s", path, tp,
+                          what[i], val[i],
+                          i == 1 ? " (replicating kv heads across ranks is not supported yet)"
+                          : i == 3 ? " (vocabulary padding is not supported yet)"
+                                   : "");
+    hl->n_head /= tp;
+    hl->n_kv_head /= tp;
+    hl->n_ff /= tp;
+    hl->n_vocab /= tp;
+    return EN_OK;
 }
 
 en_ctx_params en_ctx_params_default(void) {
@@ -155,7 +200,16 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    s = en_model_layout(&m->hp, &m->specs, &m->n_specs, &m->n_params, m->layers, &m->tok_embd,
+    m->tp_size = params->tp_size > 1 ? params->tp_size : 1;
+    m->tp_rank = params->tp_rank;
+    if (m->tp_rank < 0 || m->tp_rank >= m->tp_size) {
+        s = EN_ERR(err, EN_ERR_ARG, "tensor-parallel rank %d is outside [0, %d)", m->tp_rank,
+                   m->tp_size);
+        goto fail;
+    }
+    s = tp_local_hparams(&m->hp, m->tp_size, cfg_path, &m->hl, err);
+    if (s != EN_OK) goto fail;
+    s = en_model_layout(&m->hl, &m->specs, &m->n_specs, &m->n_params, m->layers, &m->tok_embd,
                         &m->out_norm, &m->lm_head, err);
     if (s != EN_OK) goto fail;
     s = shards_open(dir, &ss, err);
@@ -173,8 +227,12 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
                        sp->name);
             goto fail;
         }
-        int shape_ok = t->n_dims == sp->n_dims && t->shape[0] == sp->shape[0] &&
-                       (sp->n_dims == 1 || t->shape[1] == sp->shape[1]);
+        /* the full tensor: this rank's shape times tp_size along the split */
+        int split = m->tp_size > 1 ? tp_split_dim(sp->name) : 0;
+        int64_t full0 = sp->shape[0] * (split == 1 ? m->tp_size : 1);
+        int64_t full1 = sp->shape[1] * (split == 2 ? m->tp_size : 1);
+        int shape_ok = t->n_dims == sp->n_dims && t->shape[0] == full0 &&
+                       (sp->n_dims == 1 || t->shape[1] == full1);
         if (!shape_ok) {
             char got[128] = "", want[64];
             size_t k = 0;
@@ -182,10 +240,9 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
                 k += (size_t)snprintf(got + k, sizeof got - k, "%s%lld", d ? ", " : "",
                                       (long long)t->shape[d]);
             if (sp->n_dims == 1)
-                snprintf(want, sizeof want, "%lld", (long long)sp->shape[0]);
+                snprintf(want, sizeof want, "%lld", (long long)full0);
             else
-                snprintf(want, sizeof want, "%lld, %lld", (long long)sp->shape[0],
-                         (long long)sp->shape[1]);
+                snprintf(want, sizeof want, "%lld, %lld", (long long)full0, (long long)full1);
             s = EN_ERR(err, EN_ERR_FORMAT,
                        "%s: tensor '%s' has shape [%s] but config.json implies [%s]", file,
                        sp->name, got, want);
@@ -196,11 +253,12 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
                        file, sp->name, en_dtype_name(t->dtype));
             goto fail;
         }
-        if (sp->n_elem > max_elem) max_elem = sp->n_elem;
+        if ((size_t)t->n_elem > max_elem) max_elem = (size_t)t->n_elem;
     }
 
     m->params = en_backend_alloc(m->be, m->n_params * sizeof(float));
-    staging = en_malloc(max_elem * sizeof(float));
+    /* room for a whole tensor and, for column slices, the slice beside it */
+    staging = en_malloc(2 * max_elem * sizeof(float));
     if (!m->params || !staging) {
         s = EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
         goto fail;
@@ -211,7 +269,20 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         const en_st_tensor *t = shards_find(&ss, sp->name, &file);
         s = en_st_to_f32(t, staging, err);
         if (s != EN_OK) goto fail;
-        en_backend_upload(m->be, m->params + sp->offset, staging, sp->n_elem * sizeof(float));
+        int split = m->tp_size > 1 ? tp_split_dim(sp->name) : 0;
+        const float *src = staging;
+        if (split == 1) { /* rows: one contiguous block */
+            src = staging + (size_t)m->tp_rank * sp->n_elem;
+        } else if (split == 2) { /* columns: this rank's slice of every row */
+            size_t rows = (size_t)sp->shape[0], cl = (size_t)sp->shape[1];
+            float *dst = staging + (size_t)t->n_elem; /* second half of staging */
+            for (size_t rr = 0; rr < rows; rr++)
+                memcpy(dst + rr * cl, staging + rr * cl * (size_t)m->tp_size +
+                                          (size_t)m->tp_rank * cl,
+                       cl * sizeof(float));
+            src = dst;
+        }
+        en_backend_upload(m->be, m->params + sp->offset, src, sp->n_elem * sizeof(float));
         *sp->slot = m->params + sp->offset;
     }
     if (m->hp.tie_embeddings) m->lm_head = m->tok_embd;
@@ -239,6 +310,8 @@ void en_model_destroy(en_model *m) {
 }
 
 const en_model_hparams *en_model_get_hparams(const en_model *m) { return &m->hp; }
+const en_model_hparams *en_model_get_local_hparams(const en_model *m) { return &m->hl; }
+int en_model_tp_size(const en_model *m) { return m->tp_size; }
 
 size_t en_model_param_bytes(const en_model *m) {
     size_t n = 0;
@@ -283,6 +356,9 @@ en_status en_model_save_safetensors(const en_model *m, const char *path, en_err 
 
 en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_err *err) {
     *out = NULL;
+    if (m->tp_size > 1)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "the tensor-parallel forward is not implemented yet (issue #4)");
     const en_model_hparams *hp = &m->hp;
     en_ctx_params d = p ? *p : en_ctx_params_default();
     if (d.n_ctx < 0 || d.n_batch < 0)

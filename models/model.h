@@ -56,6 +56,16 @@ typedef struct en_model en_model;
 
 typedef struct en_model_params {
     en_backend *backend; /* borrowed; must outlive the model */
+    /* Tensor parallelism (Megatron): load only this rank's shard. Column-
+     * parallel weights (q, k, v, gate, up; their biases) and the vocab-
+     * parallel embedding and output matrix are split by rows, row-parallel
+     * ones (o, down) by columns, norms are replicated. tp_size must divide
+     * heads, kv heads, intermediate size and vocabulary (checked, with a
+     * message naming both numbers). tp_size 0 or 1: the whole model.
+     * The tensor-parallel forward is not implemented yet: a sharded model
+     * loads (for tests and the coming parallel core) but contexts and
+     * trainers refuse it. */
+    int tp_rank, tp_size;
 } en_model_params;
 en_model_params en_model_params_default(void);
 
@@ -67,6 +77,11 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
                         en_err *err);
 void en_model_destroy(en_model *m); /* NULL is a no-op */
 const en_model_hparams *en_model_get_hparams(const en_model *m);
+/* The sizes of this rank's shard (heads, kv heads, intermediate size and
+ * vocabulary divided by tp_size); the same as en_model_get_hparams without
+ * tensor parallelism. */
+const en_model_hparams *en_model_get_local_hparams(const en_model *m);
+int en_model_tp_size(const en_model *m);
 size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per token */
 
 /* Borrowed pointer to a named parameter (Hugging Face name) and its element

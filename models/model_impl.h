@@ -35,7 +35,9 @@ typedef struct en_param_spec {
 } en_param_spec;
 
 struct en_model {
-    en_model_hparams hp;
+    en_model_hparams hp; /* the whole model's (what config.json says) */
+    en_model_hparams hl; /* this rank's shard (== hp without tensor parallelism) */
+    int tp_rank, tp_size;
     en_backend *be;
     float *params; /* one allocation: every weight */
     size_t n_params;

@@ -58,6 +58,9 @@ static void zero(float *p, size_t n) {
 en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **out, en_err *err) {
     *out = NULL;
     const en_model_hparams *hp = &m->hp;
+    if (m->tp_size > 1)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "tensor-parallel training is not implemented yet (issue #4)");
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "batch must be >= 1");
     if (cfg->seq_len < 1 || cfg->seq_len > hp->max_pos)
         return EN_ERR(err, EN_ERR_ARG, "--seq-len %d must be in [1, %d] (max_position_embeddings)",
