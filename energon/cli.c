@@ -104,6 +104,10 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
         o->device = v;
         return 1;
     }
+    if (en_cli_flag(argc, argv, i, "--tp", &v, bad)) {
+        if (!*bad && !en_cli_int(cmd, "--tp", v, 1, 4096, &o->tp)) *bad = 1;
+        return 1;
+    }
     if (en_cli_flag(argc, argv, i, "--threads", &v, bad)) {
         if (!*bad && !en_cli_int(cmd, "--threads", v, 1, 1024, &o->n_threads)) *bad = 1;
         return 1;
@@ -131,6 +135,36 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
     }
     en_model_params mp = en_model_params_default();
     mp.backend = out->be;
+    if (en_comm_launched_by_mpi()) {
+        /* Under mpirun: one tensor-parallel group of all the ranks. */
+        en_comm_config cc = en_comm_config_default();
+        cc.tp = o->tp > 1 ? o->tp : 1;
+        s = en_comm_create_mpi(&cc, &out->comm, &err);
+        if (s == EN_OK && en_comm_size(out->comm, EN_GROUP_WORLD) != cc.tp)
+            s = EN_ERR(&err, EN_ERR_ARG,
+                       "--tp %d: %s runs tensor parallel over all ranks; start it with "
+                       "mpirun -np %d",
+                       cc.tp, cmd, cc.tp);
+        if (s != EN_OK) {
+            en_cli_error(cmd, "%s", err.msg);
+            en_cli_unload(out);
+            return EN_EXIT_ERROR;
+        }
+        mp.comm = out->comm;
+        mp.tp_size = cc.tp;
+        mp.tp_rank = en_comm_rank(out->comm, EN_GROUP_TP);
+        if (en_comm_rank(out->comm, EN_GROUP_WORLD) != 0) {
+            /* rank 0 speaks for the group */
+            en_log_set_sink(NULL, NULL, EN_LOG_ERROR);
+            if (!freopen("/dev/null", "w", stdout)) { /* keep going: output is duplicated */
+            }
+        }
+    } else if (o->tp > 1) {
+        en_cli_error(cmd, "--tp %d needs %d processes: start energon with mpirun -np %d", o->tp,
+                     o->tp, o->tp);
+        en_cli_unload(out);
+        return EN_EXIT_USAGE;
+    }
     s = en_model_load(o->dir, &mp, &out->model, &err);
     if (s != EN_OK) {
         en_cli_error(cmd, "%s", err.msg);
@@ -182,5 +216,6 @@ void en_cli_unload(en_cli_model *cm) {
     en_model_destroy(cm->model);
     en_tokenizer_destroy(cm->tok);
     en_backend_destroy(cm->be);
+    en_comm_destroy(cm->comm); /* last: it may finalize MPI */
     memset(cm, 0, sizeof *cm);
 }

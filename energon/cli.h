@@ -38,6 +38,7 @@ typedef struct en_cli_model {
     en_model *model;
     en_tokenizer *tok;
     struct en_lora *lora; /* from --adapter, attached to model */
+    en_comm *comm;        /* under mpirun: the tensor-parallel group */
 } en_cli_model;
 
 typedef struct en_cli_load_opts {
@@ -46,13 +47,15 @@ typedef struct en_cli_load_opts {
     int n_threads;      /* 0 = default */
     int need_tokenizer;
     const char *adapter; /* --adapter: a run directory or PEFT adapter directory */
+    int tp;              /* --tp: tensor-parallel size under mpirun (0/1 = none) */
 } en_cli_load_opts;
 
 /* Load; prints the error and returns EN_EXIT_ERROR on failure. */
 int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out);
 void en_cli_unload(en_cli_model *cm);
 
-/* Common flags of model commands (--model, --adapter, --device, --threads). Returns 1
+/* Common flags of model commands (--model, --adapter, --device, --threads,
+ * --tp). Returns 1
  * when argv[*i] was one of them. */
 int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
                      int *bad);

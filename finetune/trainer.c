@@ -577,8 +577,8 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     }
     if (en_comm_size(r->comm, EN_GROUP_TP) > 1) {
         s = EN_ERR(err, EN_ERR_UNSUPPORTED,
-                   "--tp %d: tensor parallelism is not implemented yet (issue #4); run data "
-                   "parallel with --tp 1",
+                   "--tp %d: tensor-parallel training is not implemented yet (issue #4; "
+                   "generate and eval run with --tp); train data parallel with --tp 1",
                    en_comm_size(r->comm, EN_GROUP_TP));
         goto fail;
     }

@@ -31,7 +31,7 @@ void en_linear_fwd(en_backend *be, float *y, const float *x, const float *w, con
 void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
                         float *kc, float *vc, int p0, const en_layer_acts *a) {
     en_backend *be = m->be;
-    const en_model_hparams *hp = &m->hp;
+    const en_model_hparams *hp = &m->hl; /* this rank's heads and MLP width */
     const en_layer_w *w = &m->layers[l];
     const int C = hp->n_embd, F = hp->n_ff, H = hp->n_head, Hkv = hp->n_kv_head, D = hp->head_dim;
     const int QD = H * D, KVD = Hkv * D;
@@ -63,6 +63,8 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
                             hp->sliding_window);
     }
     en_linear_fwd(be, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
+    /* row-parallel o_proj: each rank holds a partial sum over its heads */
+    en_model_tp_allreduce(m, a->proj, (size_t)n * C);
     en_op_add(be, x, x, a->proj, (size_t)n * C);
     if (a->x_mid) memcpy(a->x_mid, x, (size_t)n * C * sizeof(float));
 
@@ -72,6 +74,8 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     en_linear_fwd(be, a->up, a->xn2, w->w_up, NULL, LP(5), s, a->lora_u, a->tmp, n, F, C);
     en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
     en_linear_fwd(be, a->proj, a->h, w->w_down, NULL, LP(6), s, a->lora_u, a->tmp, n, C, F);
+    /* row-parallel down_proj: partial sum over this rank's slice of F */
+    en_model_tp_allreduce(m, a->proj, (size_t)n * C);
     en_op_add(be, x, x, a->proj, (size_t)n * C);
 #undef LP
 }
@@ -79,13 +83,30 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
 void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits) {
     en_model *m = c->m;
     en_backend *be = m->be;
-    const en_model_hparams *hp = &m->hp;
-    const int C = hp->n_embd, KVD = hp->n_kv_head * hp->head_dim;
+    const en_model_hparams *hp = &m->hp, *hl = &m->hl;
+    const int C = hp->n_embd, KVD = hl->n_kv_head * hl->head_dim;
     const int p0 = c->n_past;
     const size_t layer_cache = (size_t)c->n_ctx * (size_t)KVD;
 
     for (int t = 0; t < n; t++) c->pos[t] = p0 + t;
-    en_op_embedding(be, c->x, m->tok_embd, ids, n, C);
+    if (m->tp_size > 1) {
+        /* Vocab-parallel embedding: this rank holds rows [v0, v0 + V/tp);
+         * other tokens get zero rows, and the all-reduce fills them in.
+         * TODO(#6): a masked-embedding op, so this works on device buffers. */
+        const int v0 = m->tp_rank * hl->n_vocab;
+        for (int t = 0; t < n; t++) {
+            int local = ids[t] - v0;
+            c->ids_local[t] = local >= 0 && local < hl->n_vocab ? local : 0;
+        }
+        en_op_embedding(be, c->x, m->tok_embd, c->ids_local, n, C);
+        for (int t = 0; t < n; t++) {
+            int local = ids[t] - v0;
+            if (local < 0 || local >= hl->n_vocab) memset(c->x + (size_t)t * C, 0, (size_t)C * 4);
+        }
+        en_model_tp_allreduce(m, c->x, (size_t)n * C);
+    } else {
+        en_op_embedding(be, c->x, m->tok_embd, ids, n, C);
+    }
     en_layer_acts a = {0};
     a.xn1 = c->xn;
     a.q = c->q;
@@ -108,5 +129,21 @@ void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits,
     const float *rows = all_logits ? c->x : c->x + (size_t)(n - 1) * C;
     int nr = all_logits ? n : 1;
     en_op_rmsnorm(be, c->xn, rows, m->out_norm, hp->norm_eps, nr, C);
-    en_op_matmul(be, logits, c->xn, m->lm_head, NULL, nr, hp->n_vocab, C);
+    if (m->tp_size == 1) {
+        en_op_matmul(be, logits, c->xn, m->lm_head, NULL, nr, hp->n_vocab, C);
+        return;
+    }
+    /* Vocab-parallel output: each rank computes its V/tp columns; the
+     * all-gather gives (rank, row, V/tp), put back in (row, V) order. */
+    const int Vl = hl->n_vocab;
+    en_op_matmul(be, c->lg_local, c->xn, m->lm_head, NULL, nr, Vl, C);
+    float *all = nr == 1 ? logits : c->lg_gather; /* one row is already in order */
+    en_err err = {0};
+    if (en_comm_allgather(m->comm, EN_GROUP_TP, c->lg_local, all, (size_t)nr * Vl, &err) != EN_OK)
+        en_abort(__FILE__, __LINE__, err.msg);
+    if (nr > 1)
+        for (int r = 0; r < m->tp_size; r++)
+            for (int t = 0; t < nr; t++)
+                memcpy(logits + (size_t)t * hp->n_vocab + (size_t)r * Vl,
+                       all + ((size_t)r * nr + t) * Vl, (size_t)Vl * sizeof(float));
 }

@@ -209,6 +209,12 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     }
     s = tp_local_hparams(&m->hp, m->tp_size, cfg_path, &m->hl, err);
     if (s != EN_OK) goto fail;
+    m->comm = params->comm;
+    if (m->tp_size > 1 && m->hp.o_bias) {
+        s = EN_ERR(err, EN_ERR_UNSUPPORTED,
+                   "%s: attention_bias with tensor parallelism is not supported yet", cfg_path);
+        goto fail;
+    }
     s = en_model_layout(&m->hl, &m->specs, &m->n_specs, &m->n_params, m->layers, &m->tok_embd,
                         &m->out_norm, &m->lm_head, err);
     if (s != EN_OK) goto fail;
@@ -356,9 +362,13 @@ en_status en_model_save_safetensors(const en_model *m, const char *path, en_err 
 
 en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_err *err) {
     *out = NULL;
-    if (m->tp_size > 1)
+    if (m->tp_size > 1 && (!m->comm || en_comm_size(m->comm, EN_GROUP_TP) != m->tp_size))
+        return EN_ERR(err, EN_ERR_ARG,
+                      "a model sharded %d ways needs a communicator with a TP group of %d",
+                      m->tp_size, m->tp_size);
+    if (m->tp_size > 1 && m->lora)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                      "the tensor-parallel forward is not implemented yet (issue #4)");
+                      "LoRA adapters with tensor parallelism are not supported yet (issue #4)");
     const en_model_hparams *hp = &m->hp;
     en_ctx_params d = p ? *p : en_ctx_params_default();
     if (d.n_ctx < 0 || d.n_batch < 0)
@@ -376,9 +386,10 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
     c->n_ctx = d.n_ctx;
     c->n_batch = d.n_batch;
     en_backend *be = m->be;
-    size_t kvd = (size_t)hp->n_kv_head * hp->head_dim;
-    size_t qd = (size_t)hp->n_head * hp->head_dim;
-    size_t B = (size_t)d.n_batch, C = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    const en_model_hparams *hl = &m->hl; /* this rank's shard */
+    size_t kvd = (size_t)hl->n_kv_head * hl->head_dim;
+    size_t qd = (size_t)hl->n_head * hl->head_dim;
+    size_t B = (size_t)d.n_batch, C = (size_t)hp->n_embd, F = (size_t)hl->n_ff;
     size_t cache = (size_t)hp->n_layer * (size_t)d.n_ctx * kvd * sizeof(float);
     c->k_cache = en_backend_alloc(be, cache);
     c->v_cache = en_backend_alloc(be, cache);
@@ -396,10 +407,16 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
                                              sizeof(float));
     }
     c->pos = en_malloc(B * sizeof(int32_t));
+    if (m->tp_size > 1) {
+        c->ids_local = en_malloc(B * sizeof(int32_t));
+        c->lg_local = en_malloc(B * (size_t)hl->n_vocab * sizeof(float));
+        c->lg_gather = en_malloc(B * (size_t)hp->n_vocab * sizeof(float));
+    }
     c->logits = en_malloc(B * (size_t)hp->n_vocab * sizeof(float));
     c->nll = en_malloc(B * sizeof(float));
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->att || !c->gate || !c->up ||
-        !c->pos || !c->logits || !c->nll || !c->tmp || (m->lora && !c->lora_u)) {
+        !c->pos || !c->logits || !c->nll || !c->tmp || (m->lora && !c->lora_u) ||
+        (m->tp_size > 1 && (!c->ids_local || !c->lg_local || !c->lg_gather))) {
         en_ctx_destroy(c);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a context of %d tokens (%zu MiB KV)",
                       d.n_ctx, 2 * cache >> 20);
@@ -422,6 +439,9 @@ void en_ctx_destroy(en_ctx *c) {
     en_backend_free(be, c->tmp);
     en_backend_free(be, c->lora_u);
     en_free(c->pos);
+    en_free(c->ids_local);
+    en_free(c->lg_local);
+    en_free(c->lg_gather);
     en_free(c->logits);
     en_free(c->nll);
     en_free(c);
@@ -497,3 +517,10 @@ en_status en_model_set_lora(en_model *m, const en_lora *l, en_err *err) {
 }
 
 const en_lora *en_model_get_lora(const en_model *m) { return m->lora; }
+
+void en_model_tp_allreduce(const en_model *m, float *buf, size_t n) {
+    if (m->tp_size <= 1) return;
+    en_err err = {0};
+    if (en_comm_allreduce_sum(m->comm, EN_GROUP_TP, buf, n, &err) != EN_OK)
+        en_abort(__FILE__, __LINE__, err.msg);
+}

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "../common/backend.h"
+#include "../common/comm.h"
 #include "../common/status.h"
 
 /* Hyper-parameters in effect, read from config.json. */
@@ -62,10 +63,13 @@ typedef struct en_model_params {
      * ones (o, down) by columns, norms are replicated. tp_size must divide
      * heads, kv heads, intermediate size and vocabulary (checked, with a
      * message naming both numbers). tp_size 0 or 1: the whole model.
-     * The tensor-parallel forward is not implemented yet: a sharded model
-     * loads (for tests and the coming parallel core) but contexts and
-     * trainers refuse it. */
+     * Inference (contexts) runs tensor parallel: all-reduce after o and down,
+     * vocab-parallel embedding, logits gathered for sampling. Training
+     * (en_train) does not yet and refuses a sharded model. */
     int tp_rank, tp_size;
+    /* The communicator whose TP group holds the tp_size ranks (borrowed;
+     * must outlive the model). Needed for the forward when tp_size > 1. */
+    en_comm *comm;
 } en_model_params;
 en_model_params en_model_params_default(void);
 

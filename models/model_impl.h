@@ -38,6 +38,7 @@ struct en_model {
     en_model_hparams hp; /* the whole model's (what config.json says) */
     en_model_hparams hl; /* this rank's shard (== hp without tensor parallelism) */
     int tp_rank, tp_size;
+    en_comm *comm; /* borrowed; its TP group, when tp_size > 1 */
     en_backend *be;
     float *params; /* one allocation: every weight */
     size_t n_params;
@@ -100,7 +101,15 @@ struct en_ctx {
     float *nll;    /* (B) */
     float *tmp;    /* (B, max(C, F, H*D)) */
     float *lora_u; /* (B, r) or NULL */
+    int32_t *ids_local; /* (B) tensor parallel: ids inside this rank's vocab slice */
+    float *lg_local;    /* (B, V/tp) this rank's logits, gathered into logits */
+    float *lg_gather;   /* (tp, B, V/tp) the all-gather's result */
 };
+
+/* Sum a buffer over the tensor-parallel group (no-op without TP). A failed
+ * collective cannot be recovered from inside a forward pass: it aborts with
+ * the communicator's message (hangs are caught by its watchdog). */
+void en_model_tp_allreduce(const en_model *m, float *buf, size_t n);
 
 /* Build the parameter table for hp; *specs is en_malloc'd. slots are
  * filled in by en_model_layout_bind once the allocation exists. */
