@@ -26,6 +26,7 @@
 #include "../models/convert.h"
 #include "../models/lora.h"
 #include "../models/model.h"
+#include "../models/model_impl.h"
 #include "../models/train.h"
 #include "checkpoint.h"
 #include "report.h"
@@ -229,6 +230,13 @@ typedef struct run {
     float *pad;     /* (shard * D) collective staging */
     float *gshard;  /* (shard) this rank's reduced gradient slice (ZeRO) */
     float *vfull;   /* (n_params) ZeRO: gathered second moment for checkpoints */
+    /* tensor parallelism: checkpoints hold whole tensors */
+    int tp, tp_rank;
+    en_param_spec *full_specs; /* the whole model's layout */
+    int n_full_specs;
+    size_t n_full;
+    float *full_p, *full_m, *full_v; /* (n_full) gathered for writing */
+    float *tp_tmp;                   /* (largest whole tensor) */
 } run;
 
 /* Gradient all-reduce in buckets, so that a large model does not need one
@@ -249,6 +257,84 @@ static en_status dp_gather(run *r, const float *src_shard, float *dst, size_t n,
     EN_TRY(en_comm_allgather(r->comm, EN_GROUP_DP, src_shard, r->pad, r->shard, err));
     memcpy(dst, r->pad, n * sizeof(float));
     return EN_OK;
+}
+
+/* Sum of squares of the gradient elements [lo, hi) of the flat trainable
+ * vector, held at g (g[0] is element lo): sq[0] over tensors split across
+ * the tensor-parallel ranks (each rank holds a different part, so the TP
+ * group sums them), sq[1] over tensors every rank holds whole (counted
+ * once). */
+static void grad_sumsq(run *r, const float *g, size_t lo, size_t hi, double sq[2]) {
+    sq[0] = sq[1] = 0;
+    for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
+        const char *name;
+        size_t off, ne;
+        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
+        size_t a0 = off > lo ? off : lo, a1 = off + ne < hi ? off + ne : hi;
+        if (a0 >= a1) continue;
+        int split = r->tp > 1 && !r->lora ? en_model_tp_split(name) : 0;
+        sq[split ? 0 : 1] += en_op_sumsq(r->be, g + (a0 - lo), a1 - a0);
+    }
+}
+
+/* Tensor parallelism: assemble whole tensors from every rank's shards
+ * (local layout of this rank -> the whole model's layout). Rows-split
+ * shards concatenate; columns-split ones interleave row by row. */
+static en_status tp_gather(run *r, const float *local, float *full, en_err *err) {
+    for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
+        const char *name;
+        size_t off, ne;
+        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
+        const en_param_spec *fs = &r->full_specs[i];
+        int split = en_model_tp_split(name);
+        float *dst = full + fs->offset;
+        if (split == 0) {
+            memcpy(dst, local + off, ne * sizeof(float));
+        } else if (split == 1) {
+            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, dst, ne, err));
+        } else {
+            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, r->tp_tmp, ne, err));
+            size_t rows = (size_t)fs->shape[0], cl = ne / rows, cols = (size_t)fs->shape[1];
+            for (int k = 0; k < r->tp; k++)
+                for (size_t rr = 0; rr < rows; rr++)
+                    memcpy(dst + rr * cols + (size_t)k * cl, r->tp_tmp + (size_t)k * ne + rr * cl,
+                           cl * sizeof(float));
+        }
+    }
+    return EN_OK;
+}
+
+/* This rank's slice of a whole tensor (the inverse of tp_gather). */
+static void tp_slice(run *r, const char *name, const float *whole, const en_param_spec *fs,
+                     float *dst, size_t ne) {
+    int split = en_model_tp_split(name);
+    if (r->tp == 1 || split == 0) {
+        memcpy(dst, whole, ne * sizeof(float));
+    } else if (split == 1) {
+        memcpy(dst, whole + (size_t)r->tp_rank * ne, ne * sizeof(float));
+    } else {
+        size_t rows = (size_t)fs->shape[0], cl = ne / rows, cols = (size_t)fs->shape[1];
+        for (size_t rr = 0; rr < rows; rr++)
+            memcpy(dst + rr * cl, whole + rr * cols + (size_t)r->tp_rank * cl, cl * sizeof(float));
+    }
+}
+
+/* Items for the whole model's tensors at base (HF shapes when shaped). */
+static en_st_writer_item *full_items(run *r, const float *base, const char *prefix,
+                                     char (*names)[160], int shaped) {
+    en_st_writer_item *items = en_calloc((size_t)r->n_full_specs, sizeof *items);
+    if (!items) return NULL;
+    for (int i = 0; i < r->n_full_specs; i++) {
+        const en_param_spec *fs = &r->full_specs[i];
+        snprintf(names[i], 160, "%s%s", prefix, fs->name);
+        items[i].name = names[i];
+        items[i].dtype = EN_DTYPE_F32;
+        items[i].n_dims = shaped ? fs->n_dims : 1;
+        items[i].shape[0] = shaped ? fs->shape[0] : (int64_t)fs->n_elem;
+        items[i].shape[1] = fs->shape[1];
+        items[i].data = base + fs->offset;
+    }
+    return items;
 }
 
 static void warn_cb(const char *msg, void *user) {
@@ -343,6 +429,12 @@ static en_status save_checkpoint(run *r, en_err *err) {
         mfull = r->pad;
         vfull = r->vfull;
     }
+    if (r->tp > 1) { /* whole tensors, whatever the tensor-parallel layout */
+        size_t np;
+        EN_TRY(tp_gather(r, en_train_params(r->tr, &np), r->full_p, err));
+        EN_TRY(tp_gather(r, mfull, r->full_m, err));
+        EN_TRY(tp_gather(r, vfull, r->full_v, err));
+    }
     if (!r->main) return EN_OK;
     en_ckpt_writer *w = NULL;
     EN_TRY(en_ckpt_begin(c->run_dir, r->step, &w, err));
@@ -354,6 +446,13 @@ static en_status save_checkpoint(run *r, en_err *err) {
         s = en_lora_save_peft(r->lora, c->model_dir, en_ckpt_writer_dir(w), err);
         if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_config.json", err);
         if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_model.safetensors", err);
+    } else if (s == EN_OK && r->tp > 1) {
+        char(*fn)[160] = en_calloc((size_t)r->n_full_specs, 160);
+        en_st_writer_item *it = fn ? full_items(r, r->full_p, "", fn, 1) : NULL;
+        s = it ? en_ckpt_write_safetensors(w, "model.safetensors", it, r->n_full_specs, err)
+               : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        en_free(it);
+        en_free(fn);
     } else if (s == EN_OK) {
         char *path = en_path_join(en_ckpt_writer_dir(w), "model.safetensors");
         s = path ? en_model_save_safetensors(r->model, path, err)
@@ -362,7 +461,24 @@ static en_status save_checkpoint(run *r, en_err *err) {
         if (s == EN_OK) s = en_ckpt_add_existing(w, "model.safetensors", err);
     }
     /* optimizer moments */
-    if (s == EN_OK) {
+    if (s == EN_OK && r->tp > 1) {
+        int nf = r->n_full_specs;
+        char(*mn)[160] = en_calloc((size_t)nf * 2, 160);
+        en_st_writer_item *all = en_calloc((size_t)nf * 2, sizeof *all);
+        en_st_writer_item *im = mn ? full_items(r, r->full_m, "m.", mn, 0) : NULL;
+        en_st_writer_item *iv = mn ? full_items(r, r->full_v, "v.", mn + nf, 0) : NULL;
+        if (!mn || !all || !im || !iv) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        } else {
+            memcpy(all, im, (size_t)nf * sizeof *all);
+            memcpy(all + nf, iv, (size_t)nf * sizeof *all);
+            s = en_ckpt_write_safetensors(w, "optimizer.safetensors", all, 2 * nf, err);
+        }
+        en_free(mn);
+        en_free(all);
+        en_free(im);
+        en_free(iv);
+    } else if (s == EN_OK) {
         char(*mn)[160] = en_calloc((size_t)n * 2, 160);
         en_st_writer_item *all = en_calloc((size_t)n * 2, sizeof *all);
         en_st_writer_item *im = mn ? param_items(r, mfull, "m.", mn) : NULL;
@@ -412,11 +528,14 @@ static en_status load_tensors(run *r, const char *path, const char *prefix, floa
         snprintf(key, sizeof key, "%s%s", prefix, name);
         const en_st_tensor *t = en_st_find(&f, key);
         (void)lora_names;
-        if (!t || (size_t)t->n_elem != ne)
+        size_t whole = r->tp > 1 ? r->full_specs[i].n_elem : ne;
+        if (!t || (size_t)t->n_elem != whole)
             s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing or has the wrong size",
                        path, key);
-        else
+        else if (r->tp == 1)
             s = en_st_to_f32(t, base + off, err);
+        else if ((s = en_st_to_f32(t, r->tp_tmp, err)) == EN_OK)
+            tp_slice(r, name, r->tp_tmp, &r->full_specs[i], base + off, ne);
     }
     en_st_close(&f);
     return s;
@@ -501,6 +620,26 @@ static en_status write_plot(run *r, en_err *err) {
 static en_status write_final(run *r, en_err *err) {
     const en_finetune_config *c = r->cfg;
     if (r->lora) return en_lora_save_peft(r->lora, c->model_dir, c->run_dir, err);
+    if (r->tp > 1) { /* full_p was gathered by the final checkpoint */
+        char *dir = en_path_join(c->run_dir, "model");
+        char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
+        char *tp = en_path_join(c->model_dir, "tokenizer.model");
+        char(*fn)[160] = en_calloc((size_t)r->n_full_specs, 160);
+        en_st_writer_item *it = fn ? full_items(r, r->full_p, "", fn, 1) : NULL;
+        en_status s = (dir && st && tp && it) ? en_mkdir_p(dir, err)
+                                              : EN_ERR(err, EN_ERR_NOMEM, "oom");
+        if (s == EN_OK) s = en_st_write(st, it, r->n_full_specs, EN_DTYPE_F32, err);
+        if (s == EN_OK) s = en_hf_write_config(en_model_get_hparams(r->model), dir, err);
+        if (s == EN_OK)
+            s = en_hf_write_tokenizer(tp, en_tokenizer_bos(r->tok), en_tokenizer_eos(r->tok), dir,
+                                      err);
+        en_free(it);
+        en_free(fn);
+        en_free(dir);
+        en_free(st);
+        en_free(tp);
+        return s;
+    }
     char *dir = en_path_join(c->run_dir, "model");
     char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
     char *tp = en_path_join(c->model_dir, "tokenizer.model");
@@ -529,7 +668,11 @@ static void run_free(run *r) {
     en_free(r->pad);
     en_free(r->gshard);
     en_free(r->vfull);
-    en_comm_destroy(r->own_comm);
+    en_free(r->full_specs);
+    en_free(r->full_p);
+    en_free(r->full_m);
+    en_free(r->full_v);
+    en_free(r->tp_tmp);
     en_dataset_destroy(r->train);
     en_dataset_destroy(r->val);
     if (r->model) en_model_set_lora(r->model, NULL, NULL);
@@ -537,6 +680,7 @@ static void run_free(run *r) {
     en_model_destroy(r->model);
     en_tokenizer_destroy(r->tok);
     en_backend_destroy(r->be);
+    en_comm_destroy(r->own_comm);
 }
 
 static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
@@ -575,11 +719,13 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         if ((s = en_comm_create_single(&r->own_comm, err)) != EN_OK) return s;
         r->comm = r->own_comm;
     }
-    if (en_comm_size(r->comm, EN_GROUP_TP) > 1) {
+    r->tp = en_comm_size(r->comm, EN_GROUP_TP);
+    r->tp_rank = en_comm_rank(r->comm, EN_GROUP_TP);
+    if (r->tp > 1 && cfg->lora_rank > 0) {
         s = EN_ERR(err, EN_ERR_UNSUPPORTED,
-                   "--tp %d: tensor-parallel training is not implemented yet (issue #4; "
-                   "generate and eval run with --tp); train data parallel with --tp 1",
-                   en_comm_size(r->comm, EN_GROUP_TP));
+                   "--tp %d with --lora-rank: LoRA under tensor parallelism is not implemented "
+                   "yet (issue #4); use data parallelism (--tp 1) for LoRA",
+                   r->tp);
         goto fail;
     }
     r->D = en_comm_size(r->comm, EN_GROUP_DP);
@@ -603,6 +749,9 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     if ((s = en_tokenizer_create(tp, &r->tok, err)) != EN_OK) goto fail;
     en_model_params mp = en_model_params_default();
     mp.backend = r->be;
+    mp.comm = r->comm;
+    mp.tp_size = r->tp;
+    mp.tp_rank = r->tp_rank;
     if ((s = en_model_load(cfg->model_dir, &mp, &r->model, err)) != EN_OK) goto fail;
     const en_model_hparams *hp = en_model_get_hparams(r->model);
     if (en_tokenizer_n_vocab(r->tok) > hp->n_vocab) {
@@ -685,6 +834,22 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     }
     r->m = en_calloc(n_mom, sizeof(float));
     r->v = en_calloc(n_mom, sizeof(float));
+    if (r->tp > 1) { /* whole-model buffers for layout-free checkpoints */
+        if ((s = en_model_layout(hp, &r->full_specs, &r->n_full_specs, &r->n_full, NULL, NULL,
+                                 NULL, NULL, err)) != EN_OK)
+            goto fail;
+        size_t big = 0;
+        for (int i = 0; i < r->n_full_specs; i++)
+            if (r->full_specs[i].n_elem > big) big = r->full_specs[i].n_elem;
+        r->full_p = en_calloc(r->n_full, sizeof(float));
+        r->full_m = en_calloc(r->n_full, sizeof(float));
+        r->full_v = en_calloc(r->n_full, sizeof(float));
+        r->tp_tmp = en_malloc(big * sizeof(float));
+        if (!r->full_p || !r->full_m || !r->full_v || !r->tp_tmp) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for tensor-parallel checkpoints");
+            goto fail;
+        }
+    }
     r->perm = en_malloc((size_t)nw * sizeof(int64_t));
     r->inputs = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
     r->targets = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
@@ -783,7 +948,11 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         const int zero = cfg->zero && r->D > 1;
         if (!zero) {
             if ((s = dp_allreduce(r, g, np, err)) != EN_OK) goto fail;
-            gnorm = sqrt(en_op_sumsq(r->be, g, np));
+            double sq[2];
+            grad_sumsq(r, g, 0, np, sq);
+            if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_TP, sq, 1, err)) != EN_OK)
+                goto fail;
+            gnorm = sqrt(sq[0] + sq[1]);
             if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
                 en_op_scale(r->be, g, (float)(cfg->grad_clip / gnorm), np);
             for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
@@ -800,10 +969,12 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
             if ((s = en_comm_reduce_scatter_sum(r->comm, EN_GROUP_DP, r->pad, r->gshard, r->shard,
                                                 err)) != EN_OK)
                 goto fail;
-            double ss = en_op_sumsq(r->be, r->gshard, r->shard);
-            if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, &ss, 1, err)) != EN_OK)
+            double sq[2];
+            grad_sumsq(r, r->gshard, r->lo, r->hi, sq);
+            if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, sq, 2, err)) != EN_OK ||
+                (s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_TP, sq, 1, err)) != EN_OK)
                 goto fail;
-            gnorm = sqrt(ss);
+            gnorm = sqrt(sq[0] + sq[1]);
             if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
                 en_op_scale(r->be, r->gshard, (float)(cfg->grad_clip / gnorm), r->shard);
             for (int i = 0; i < en_train_n_tensors(r->tr); i++) {

@@ -80,6 +80,37 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
 #undef LP
 }
 
+int en_llama_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *ids_local) {
+    const int Vl = m->hl.n_vocab, v0 = m->tp_rank * Vl;
+    int outside = 0;
+    for (int t = 0; t < n; t++) {
+        int local = ids[t] - v0;
+        int in = local >= 0 && local < Vl;
+        ids_local[t] = in ? local : -1;
+        outside += !in;
+    }
+    return outside;
+}
+
+void en_llama_embed(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local) {
+    const int C = m->hp.n_embd;
+    if (m->tp_size == 1) {
+        en_op_embedding(m->be, x, m->tok_embd, ids, n, C);
+        return;
+    }
+    /* Vocab-parallel embedding: this rank holds rows [v0, v0 + V/tp); other
+     * tokens get zero rows here and their values from the all-reduce.
+     * TODO(#6): a masked-embedding op, so this works on device buffers. */
+    en_llama_local_ids(m, ids, n, ids_local);
+    for (int t = 0; t < n; t++)
+        if (ids_local[t] < 0) ids_local[t] = 0; /* looked up, then zeroed */
+    en_op_embedding(m->be, x, m->tok_embd, ids_local, n, C);
+    en_llama_local_ids(m, ids, n, ids_local);
+    for (int t = 0; t < n; t++)
+        if (ids_local[t] < 0) memset(x + (size_t)t * C, 0, (size_t)C * sizeof(float));
+    en_model_tp_allreduce(m, x, (size_t)n * C);
+}
+
 void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits) {
     en_model *m = c->m;
     en_backend *be = m->be;
@@ -89,24 +120,7 @@ void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits,
     const size_t layer_cache = (size_t)c->n_ctx * (size_t)KVD;
 
     for (int t = 0; t < n; t++) c->pos[t] = p0 + t;
-    if (m->tp_size > 1) {
-        /* Vocab-parallel embedding: this rank holds rows [v0, v0 + V/tp);
-         * other tokens get zero rows, and the all-reduce fills them in.
-         * TODO(#6): a masked-embedding op, so this works on device buffers. */
-        const int v0 = m->tp_rank * hl->n_vocab;
-        for (int t = 0; t < n; t++) {
-            int local = ids[t] - v0;
-            c->ids_local[t] = local >= 0 && local < hl->n_vocab ? local : 0;
-        }
-        en_op_embedding(be, c->x, m->tok_embd, c->ids_local, n, C);
-        for (int t = 0; t < n; t++) {
-            int local = ids[t] - v0;
-            if (local < 0 || local >= hl->n_vocab) memset(c->x + (size_t)t * C, 0, (size_t)C * 4);
-        }
-        en_model_tp_allreduce(m, c->x, (size_t)n * C);
-    } else {
-        en_op_embedding(be, c->x, m->tok_embd, ids, n, C);
-    }
+    en_llama_embed(m, c->x, ids, n, c->ids_local);
     en_layer_acts a = {0};
     a.xn1 = c->xn;
     a.q = c->q;

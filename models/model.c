@@ -318,6 +318,8 @@ void en_model_destroy(en_model *m) {
 const en_model_hparams *en_model_get_hparams(const en_model *m) { return &m->hp; }
 const en_model_hparams *en_model_get_local_hparams(const en_model *m) { return &m->hl; }
 int en_model_tp_size(const en_model *m) { return m->tp_size; }
+int en_model_tp_rank(const en_model *m) { return m->tp_rank; }
+int en_model_tp_split(const char *name) { return tp_split_dim(name); }
 
 size_t en_model_param_bytes(const en_model *m) {
     size_t n = 0;

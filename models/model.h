@@ -86,6 +86,10 @@ const en_model_hparams *en_model_get_hparams(const en_model *m);
  * tensor parallelism. */
 const en_model_hparams *en_model_get_local_hparams(const en_model *m);
 int en_model_tp_size(const en_model *m);
+int en_model_tp_rank(const en_model *m);
+/* How the tensor of this Hugging Face name is split under tensor
+ * parallelism: 0 whole on every rank, 1 by rows, 2 by columns. */
+int en_model_tp_split(const char *name);
 size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per token */
 
 /* Borrowed pointer to a named parameter (Hugging Face name) and its element

@@ -117,6 +117,13 @@ en_status en_model_layout(const en_model_hparams *hp, en_param_spec **specs, int
                           size_t *n_params, en_layer_w *layers, float **tok_embd,
                           float **out_norm, float **lm_head, en_err *err);
 
+/* Token embedding of n ids into x (n, C); under tensor parallelism the
+ * vocab-parallel lookup plus its all-reduce (ids_local: n ints scratch). */
+void en_llama_embed(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local);
+/* ids_local[t] = ids[t] - (this rank's first vocab row), or -1 when the id
+ * lives on another tensor-parallel rank. Returns how many are elsewhere. */
+int en_llama_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *ids_local);
+
 /* The forward pass of the Llama family over one chunk (layers_llama.c). */
 void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
 

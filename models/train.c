@@ -9,6 +9,7 @@
  */
 #include "train.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "lora.h"
@@ -48,6 +49,8 @@ struct en_train {
     float *nll;    /* (chunk) */
     float *scale;  /* (chunk) */
     int32_t *pos;  /* (N) */
+    int32_t *ids_local;            /* (N) tensor parallel: vocab-local ids */
+    float *ce_max, *ce_sum, *ce_tl; /* (chunk) vocab-parallel cross-entropy */
 };
 
 static void zero(float *p, size_t n) {
@@ -57,10 +60,14 @@ static void zero(float *p, size_t n) {
 
 en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **out, en_err *err) {
     *out = NULL;
-    const en_model_hparams *hp = &m->hp;
-    if (m->tp_size > 1)
+    const en_model_hparams *hp = &m->hl; /* this rank's shard (the whole model without TP) */
+    if (m->tp_size > 1 && (!m->comm || en_comm_size(m->comm, EN_GROUP_TP) != m->tp_size))
+        return EN_ERR(err, EN_ERR_ARG,
+                      "a model sharded %d ways needs a communicator with a TP group of %d",
+                      m->tp_size, m->tp_size);
+    if (m->tp_size > 1 && m->lora)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                      "tensor-parallel training is not implemented yet (issue #4)");
+                      "LoRA with tensor parallelism is not supported yet (issue #4)");
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "batch must be >= 1");
     if (cfg->seq_len < 1 || cfg->seq_len > hp->max_pos)
         return EN_ERR(err, EN_ERR_ARG, "--seq-len %d must be in [1, %d] (max_position_embeddings)",
@@ -147,6 +154,11 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->nll = en_backend_alloc(be, chunk * sizeof(float));
     t->scale = en_backend_alloc(be, chunk * sizeof(float));
     t->pos = en_malloc(N * sizeof(int32_t));
+    t->ids_local = en_malloc(N * sizeof(int32_t));
+    t->ce_max = en_malloc(chunk * sizeof(float));
+    t->ce_sum = en_malloc(chunk * sizeof(float));
+    t->ce_tl = en_malloc(chunk * sizeof(float));
+    if (!t->ids_local || !t->ce_max || !t->ce_sum || !t->ce_tl) goto oom;
     if (r) {
         t->lora_u = en_backend_alloc(be, N * r * sizeof(float));
         t->lora_du = en_backend_alloc(be, N * r * sizeof(float));
@@ -213,6 +225,10 @@ void en_train_destroy(en_train *t) {
     en_free(t->v);
     en_free(t->tensors);
     en_free(t->pos);
+    en_free(t->ids_local);
+    en_free(t->ce_max);
+    en_free(t->ce_sum);
+    en_free(t->ce_tl);
     en_free(t);
 }
 
@@ -277,19 +293,68 @@ static en_status check_batch(const en_train *t, const int32_t *inputs, const int
     return EN_OK;
 }
 
+/* Vocab-parallel cross-entropy (Megatron): this rank has the logits of its
+ * V/tp vocabulary rows in t->logits (rows, Vl). The row max, the sum of
+ * exponentials and the target's logit are combined over the TP group, so
+ * the full (rows, V) logits are never gathered. With backward, t->logits
+ * becomes scale * (softmax - onehot) for this rank's columns.
+ * TODO(#6): as backend ops, for device buffers. */
+static void vocab_parallel_ce(en_train *t, const int32_t *tg, int rows, int backward,
+                              float grad_scale, double *sum, int64_t *count) {
+    const en_model *m = t->m;
+    const int Vl = m->hl.n_vocab, v0 = m->tp_rank * Vl;
+    en_err err = {0};
+    for (int i = 0; i < rows; i++) {
+        const float *l = t->logits + (size_t)i * Vl;
+        float mx = l[0];
+        for (int j = 1; j < Vl; j++) mx = l[j] > mx ? l[j] : mx;
+        t->ce_max[i] = mx;
+    }
+    if (en_comm_allreduce_max(m->comm, EN_GROUP_TP, t->ce_max, (size_t)rows, &err) != EN_OK)
+        en_abort(__FILE__, __LINE__, err.msg);
+    for (int i = 0; i < rows; i++) {
+        const float *l = t->logits + (size_t)i * Vl;
+        double se = 0;
+        for (int j = 0; j < Vl; j++) se += exp((double)l[j] - t->ce_max[i]);
+        t->ce_sum[i] = (float)se;
+        int local = tg[i] - v0;
+        t->ce_tl[i] = tg[i] >= 0 && local >= 0 && local < Vl ? l[local] : 0.0f;
+    }
+    en_model_tp_allreduce(m, t->ce_sum, (size_t)rows);
+    en_model_tp_allreduce(m, t->ce_tl, (size_t)rows);
+    for (int i = 0; i < rows; i++) {
+        if (tg[i] < 0) continue;
+        *sum += log((double)t->ce_sum[i]) + t->ce_max[i] - t->ce_tl[i];
+        (*count)++;
+    }
+    if (!backward) return;
+    for (int i = 0; i < rows; i++) {
+        float *l = t->logits + (size_t)i * Vl;
+        if (tg[i] < 0) {
+            memset(l, 0, (size_t)Vl * sizeof(float));
+            continue;
+        }
+        const double inv = 1.0 / t->ce_sum[i];
+        for (int j = 0; j < Vl; j++)
+            l[j] = (float)(grad_scale * (exp((double)l[j] - t->ce_max[i]) * inv));
+        int local = tg[i] - v0;
+        if (local >= 0 && local < Vl) l[local] -= grad_scale;
+    }
+}
+
 static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets, int backward,
                      float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err) {
     EN_TRY(check_batch(t, inputs, targets, err));
     en_model *m = t->m;
     en_backend *be = t->be;
-    const en_model_hparams *hp = &m->hp;
+    const en_model_hparams *hp = &m->hl; /* this rank's heads, MLP width, vocab rows */
     const int N = t->N, B = t->cfg.batch, T = t->cfg.seq_len;
     const int C = hp->n_embd, F = hp->n_ff, H = hp->n_head, Hkv = hp->n_kv_head, D = hp->head_dim;
     const int QD = H * D, KVD = Hkv * D, V = hp->n_vocab, L = hp->n_layer;
     const en_lora *lo = t->lora;
 
     /* ---- forward ---- */
-    en_op_embedding(be, t->x, m->tok_embd, inputs, N, C);
+    en_llama_embed(m, t->x, inputs, N, t->ids_local);
     for (int l = 0; l < L; l++)
         en_llama_layer_fwd(m, l, t->x, N, B, t->pos, t->k[l], t->v[l], 0, &t->acts[l]);
     en_op_rmsnorm(be, t->xf, t->x, m->out_norm, hp->norm_eps, N, C);
@@ -303,21 +368,28 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         int rows = N - r0 < t->cfg.ce_chunk ? N - r0 : t->cfg.ce_chunk;
         const float *xf = t->xf + (size_t)r0 * C;
         en_op_matmul(be, t->logits, xf, m->lm_head, NULL, rows, V, C);
-        en_op_cross_entropy(be, t->nll, t->logits, targets + r0, rows, V);
-        for (int i = 0; i < rows; i++)
-            if (targets[r0 + i] >= 0) {
-                sum += t->nll[i];
-                count++;
-            }
+        if (m->tp_size > 1) {
+            vocab_parallel_ce(t, targets + r0, rows, backward, grad_scale, &sum, &count);
+        } else {
+            en_op_cross_entropy(be, t->nll, t->logits, targets + r0, rows, V);
+            for (int i = 0; i < rows; i++)
+                if (targets[r0 + i] >= 0) {
+                    sum += t->nll[i];
+                    count++;
+                }
+            if (!backward) continue;
+            for (int i = 0; i < rows; i++) t->scale[i] = grad_scale;
+            en_op_cross_entropy_bwd(be, t->logits, t->logits, targets + r0, t->scale, rows, V);
+        }
         if (!backward) continue;
-        for (int i = 0; i < rows; i++) t->scale[i] = grad_scale;
-        en_op_cross_entropy_bwd(be, t->logits, t->logits, targets + r0, t->scale, rows, V);
         en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf, m->lm_head, rows,
                          V, C);
     }
     *nll_sum = sum;
     *n_tokens = count;
     if (!backward) return EN_OK;
+    /* each rank's vocab rows gave part of d(xf) */
+    en_model_tp_allreduce(m, t->dxf, (size_t)N * C);
 
     /* ---- backward ---- */
     zero(t->dx, (size_t)N * C);
@@ -344,6 +416,8 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         zero(t->dxn, (size_t)N * C);
         linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, a->xn2, w->w_gate, LP(4), N, F, C);
         linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, a->xn2, w->w_up, LP(5), N, F, C);
+        /* column-parallel gate/up: the input gradient sums over ranks */
+        en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
         en_op_rmsnorm_bwd(be, t->dx, gw(t, w->ffn_norm), t->dxn, a->x_mid, w->ffn_norm,
                           hp->norm_eps, N, C);
         /* attention: x_mid = x_in + o(att) */
@@ -372,11 +446,26 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, a->xn1, w->wq, LP(0), N, QD, C);
         linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, a->xn1, w->wk, LP(1), N, KVD, C);
         linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, a->xn1, w->wv, LP(2), N, KVD, C);
+        /* column-parallel q/k/v: the input gradient sums over ranks */
+        en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
         en_op_rmsnorm_bwd(be, t->dx, gw(t, w->attn_norm), t->dxn, a->x_in, w->attn_norm,
                           hp->norm_eps, N, C);
 #undef LP
     }
-    if (!lo) en_op_embedding_bwd(be, gw(t, m->tok_embd), t->dx, inputs, N, C);
+    if (!lo && m->tp_size == 1) {
+        en_op_embedding_bwd(be, gw(t, m->tok_embd), t->dx, inputs, N, C);
+    } else if (!lo) {
+        /* vocab-parallel: only the tokens whose rows live here; the others'
+         * gradient rows are zeroed in a copy (dxn is free now) */
+        en_llama_local_ids(m, inputs, N, t->ids_local);
+        memcpy(t->dxn, t->dx, (size_t)N * C * sizeof(float));
+        for (int i = 0; i < N; i++)
+            if (t->ids_local[i] < 0) {
+                memset(t->dxn + (size_t)i * C, 0, (size_t)C * sizeof(float));
+                t->ids_local[i] = 0;
+            }
+        en_op_embedding_bwd(be, gw(t, m->tok_embd), t->dxn, t->ids_local, N, C);
+    }
     return EN_OK;
 }
 
