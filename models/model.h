@@ -63,9 +63,11 @@ typedef struct en_model_params {
      * ones (o, down) by columns, norms are replicated. tp_size must divide
      * heads, kv heads, intermediate size and vocabulary (checked, with a
      * message naming both numbers). tp_size 0 or 1: the whole model.
-     * Inference (contexts) runs tensor parallel: all-reduce after o and down,
-     * vocab-parallel embedding, logits gathered for sampling. Training
-     * (en_train) does not yet and refuses a sharded model. */
+     * Contexts and trainers then run tensor parallel: all-reduce after o and
+     * down (and of the input gradients of q/k/v and gate/up), vocab-parallel
+     * embedding, logits gathered for sampling, vocab-parallel cross-entropy
+     * in training. Not yet: sequence parallelism, LoRA under TP, replicated
+     * kv heads, vocabulary padding. */
     int tp_rank, tp_size;
     /* The communicator whose TP group holds the tp_size ranks (borrowed;
      * must outlive the model). Needed for the forward when tp_size > 1. */
