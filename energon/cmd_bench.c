@@ -69,7 +69,7 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
         }
         en_lora_init(lora, 1);
     }
-    en_train_config tc = {B, T, 0, recompute};
+    en_train_config tc = {B, T, 0, recompute, 0};
     if (en_train_create(cm->model, &tc, &t, &err)) {
         en_cli_error(cmd, "%s", err.msg);
         goto done;

@@ -65,7 +65,8 @@ static void usage(FILE *f) {
         "                         (also store the attention probabilities)\n"
         "  --threads N            CPU threads\n"
         "parallel (under mpirun / srun; one process per rank):\n"
-        "  --tp T                 tensor-parallel size (only 1 so far; issue #4)\n"
+        "  --tp T                 tensor-parallel size (groups of T adjacent ranks)\n"
+        "  --sequence-parallel    with --tp > 1: norms and residuals hold 1/T of the tokens\n"
         "  --zero 0|1             1: shard the AdamW moments across data-parallel ranks\n");
 }
 
@@ -153,6 +154,8 @@ int en_cmd_finetune(int argc, char **argv) {
                 en_cli_error(CMD, "--recompute: '%s' is not one of none, selective, full", v);
                 bad = 1;
             }
+        } else if (en_cli_switch(argv, i, "--sequence-parallel")) {
+            c.sequence_parallel = 1;
         } else if (en_cli_switch(argv, i, "--train-on-all")) {
             c.data_cfg.train_on_all = 1;
         } else if (en_cli_switch(argv, i, "--skip-bad-records")) {
@@ -194,16 +197,19 @@ int en_cmd_finetune(int argc, char **argv) {
     if (resume) {
         if (c.model_dir || c.n_data) {
             en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
-                              "only --steps, --threads, --tp and --zero may be given with it");
+                              "only --steps, --threads, --tp, --zero and --sequence-parallel may be "
+                              "given with it");
             return EN_EXIT_USAGE;
         }
-        int threads = c.n_threads;
+        int threads = c.n_threads, sp = c.sequence_parallel, rec = c.recompute;
         if (en_finetune_config_load(resume, &c, &keep, &err) != EN_OK) {
             en_cli_error(CMD, "%s", err.msg);
             return EN_EXIT_ERROR;
         }
         if (steps_override) c.steps = steps_override;
         if (threads) c.n_threads = threads;
+        c.sequence_parallel = sp; /* layout choices belong to this run, not the checkpoint */
+        if (rec) c.recompute = rec;
     } else {
         if (!c.model_dir || c.n_data == 0 || !c.run_dir) {
             en_cli_error(CMD, "--model DIR, --data FILE and --out RUN_DIR are required (see "

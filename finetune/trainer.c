@@ -806,7 +806,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
                                     : ((int64_t)cfg->epochs * nw + per_step - 1) / per_step;
     if (r->total_steps < 1) r->total_steps = 1;
 
-    en_train_config tc = {r->B, r->T, 0, cfg->recompute};
+    en_train_config tc = {r->B, r->T, 0, cfg->recompute, cfg->sequence_parallel};
     if ((s = en_train_create(r->model, &tc, &r->tr, err)) != EN_OK) goto fail;
     float *params = en_train_params(r->tr, &r->n_params);
     (void)params;
@@ -860,14 +860,14 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     size_t act_layer = 0, act_total = en_train_activation_bytes(r->tr, &act_layer);
     en_log(EN_LOG_INFO,
            "%s: %zu trainable parameters%s; AdamW state %.1f MB; activations held for the "
-           "backward pass (recompute %s): %.2f MB per layer, %.1f MB in total",
+           "backward pass (recompute %s%s): %zu bytes per layer, %.1f MB in total",
            r->lora ? "LoRA" : "full fine-tuning", r->n_params,
            r->lora ? " (base weights frozen: no gradients or optimizer state for them)" : "",
            2.0 * r->n_params * 4 / 1e6,
            cfg->recompute == EN_RECOMPUTE_FULL   ? "full"
            : cfg->recompute == EN_RECOMPUTE_NONE ? "none"
                                                  : "selective",
-           act_layer / 1e6,
+           cfg->sequence_parallel ? ", sequence parallel" : "", act_layer,
            act_total / 1e6);
     en_log(EN_LOG_INFO,
            "batch: %d x %d tokens x %d accumulation (x data-parallel ranks) = %lld tokens per step; %lld steps "
@@ -928,6 +928,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
                 goto fail;
             sum += ls;
         }
+        en_train_reduce_grads(r->tr);
         if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, &sum, 1, err)) != EN_OK) goto fail;
         double loss = n_tok ? sum / (double)n_tok : 0.0;
         if (!isfinite(loss)) {

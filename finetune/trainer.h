@@ -47,6 +47,7 @@ typedef struct en_finetune_config {
     en_data_config data_cfg;
     int n_threads;
     int recompute; /* en_recompute (models/train.h) */
+    int sequence_parallel; /* with tp > 1: see en_train_config */
     /* Data parallelism: borrowed communicator (NULL = one process). Each
      * data-parallel rank runs accum micro-batches of the step's global batch
      * (batch x accum x dp windows); gradients are summed across ranks, so

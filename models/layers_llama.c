@@ -41,12 +41,20 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     float *k_new = kc + (size_t)p0 * KVD; /* (n, KVD) rows of these tokens */
     float *v_new = vc + (size_t)p0 * KVD;
 
-    if (a->x_in) memcpy(a->x_in, x, (size_t)n * C * sizeof(float));
+    /* With sequence parallelism x holds nx = n / tp rows; the norms run on
+     * them and the all-gather gives the column-parallel layers all n rows. */
+    const int nx = a->sp ? n / m->tp_size : n;
+    if (a->x_in) memcpy(a->x_in, x, (size_t)nx * C * sizeof(float));
     /* attention block */
-    en_op_rmsnorm(be, a->xn1, x, w->attn_norm, hp->norm_eps, n, C);
-    en_linear_fwd(be, a->q, a->xn1, w->wq, w->bq, LP(0), s, a->lora_u, a->tmp, n, QD, C);
-    en_linear_fwd(be, k_new, a->xn1, w->wk, w->bk, LP(1), s, a->lora_u, a->tmp, n, KVD, C);
-    en_linear_fwd(be, v_new, a->xn1, w->wv, w->bv, LP(2), s, a->lora_u, a->tmp, n, KVD, C);
+    en_op_rmsnorm(be, a->xn1, x, w->attn_norm, hp->norm_eps, nx, C);
+    const float *xin = a->xn1;
+    if (a->sp) {
+        en_model_tp_allgather(m, a->xn1, a->xg, (size_t)nx * C);
+        xin = a->xg;
+    }
+    en_linear_fwd(be, a->q, xin, w->wq, w->bq, LP(0), s, a->lora_u, a->tmp, n, QD, C);
+    en_linear_fwd(be, k_new, xin, w->wk, w->bk, LP(1), s, a->lora_u, a->tmp, n, KVD, C);
+    en_linear_fwd(be, v_new, xin, w->wv, w->bv, LP(2), s, a->lora_u, a->tmp, n, KVD, C);
     en_op_rope(be, a->q, pos, n, H, D, (size_t)QD, hp->rope_theta);
     en_op_rope(be, k_new, pos, n, Hkv, D, (size_t)KVD, hp->rope_theta);
     const int T = n / n_seq;
@@ -63,20 +71,38 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
                             hp->sliding_window);
     }
     en_linear_fwd(be, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
-    /* row-parallel o_proj: each rank holds a partial sum over its heads */
-    en_model_tp_allreduce(m, a->proj, (size_t)n * C);
-    en_op_add(be, x, x, a->proj, (size_t)n * C);
-    if (a->x_mid) memcpy(a->x_mid, x, (size_t)n * C * sizeof(float));
+    /* row-parallel o_proj: each rank holds a partial sum over its heads;
+     * all-reduce, or with sequence parallelism reduce-scatter to nx rows */
+    float *po = a->proj;
+    if (a->sp) {
+        en_model_tp_reduce_scatter(m, a->proj, a->xg, (size_t)nx * C);
+        po = a->xg;
+    } else {
+        en_model_tp_allreduce(m, a->proj, (size_t)n * C);
+    }
+    en_op_add(be, x, x, po, (size_t)nx * C);
+    if (a->x_mid) memcpy(a->x_mid, x, (size_t)nx * C * sizeof(float));
 
     /* MLP block (SwiGLU) */
-    en_op_rmsnorm(be, a->xn2, x, w->ffn_norm, hp->norm_eps, n, C);
-    en_linear_fwd(be, a->gate, a->xn2, w->w_gate, NULL, LP(4), s, a->lora_u, a->tmp, n, F, C);
-    en_linear_fwd(be, a->up, a->xn2, w->w_up, NULL, LP(5), s, a->lora_u, a->tmp, n, F, C);
+    en_op_rmsnorm(be, a->xn2, x, w->ffn_norm, hp->norm_eps, nx, C);
+    xin = a->xn2;
+    if (a->sp) {
+        en_model_tp_allgather(m, a->xn2, a->xg, (size_t)nx * C);
+        xin = a->xg;
+    }
+    en_linear_fwd(be, a->gate, xin, w->w_gate, NULL, LP(4), s, a->lora_u, a->tmp, n, F, C);
+    en_linear_fwd(be, a->up, xin, w->w_up, NULL, LP(5), s, a->lora_u, a->tmp, n, F, C);
     en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
     en_linear_fwd(be, a->proj, a->h, w->w_down, NULL, LP(6), s, a->lora_u, a->tmp, n, C, F);
     /* row-parallel down_proj: partial sum over this rank's slice of F */
-    en_model_tp_allreduce(m, a->proj, (size_t)n * C);
-    en_op_add(be, x, x, a->proj, (size_t)n * C);
+    po = a->proj;
+    if (a->sp) {
+        en_model_tp_reduce_scatter(m, a->proj, a->xg, (size_t)nx * C);
+        po = a->xg;
+    } else {
+        en_model_tp_allreduce(m, a->proj, (size_t)n * C);
+    }
+    en_op_add(be, x, x, po, (size_t)nx * C);
 #undef LP
 }
 

@@ -526,3 +526,15 @@ void en_model_tp_allreduce(const en_model *m, float *buf, size_t n) {
     if (en_comm_allreduce_sum(m->comm, EN_GROUP_TP, buf, n, &err) != EN_OK)
         en_abort(__FILE__, __LINE__, err.msg);
 }
+
+void en_model_tp_allgather(const en_model *m, const float *in, float *out, size_t n_local) {
+    en_err err = {0};
+    if (en_comm_allgather(m->comm, EN_GROUP_TP, in, out, n_local, &err) != EN_OK)
+        en_abort(__FILE__, __LINE__, err.msg);
+}
+
+void en_model_tp_reduce_scatter(const en_model *m, const float *in, float *out, size_t n_local) {
+    en_err err = {0};
+    if (en_comm_reduce_scatter_sum(m->comm, EN_GROUP_TP, in, out, n_local, &err) != EN_OK)
+        en_abort(__FILE__, __LINE__, err.msg);
+}

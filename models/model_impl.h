@@ -70,6 +70,12 @@ typedef struct en_layer_acts {
     float *proj;   /* (n, C) output of o_proj / down_proj before the residual add */
     float *tmp;    /* (n, max(C, F, H*D)) scratch of LoRA paths */
     float *lora_u; /* (n, r) scratch when an adapter is attached */
+    /* Sequence parallelism (training under --tp with --sequence-parallel):
+     * x, x_in, xn1, x_mid and xn2 hold this rank's n/tp rows; xn1 / xn2 are
+     * all-gathered into xg (n, C) before the column-parallel layers, and the
+     * row-parallel outputs are reduce-scattered back to n/tp rows. */
+    int sp;
+    float *xg; /* (n, C) scratch */
 } en_layer_acts;
 
 /* One layer over n tokens made of n_seq sequences of n/n_seq tokens.
@@ -110,6 +116,11 @@ struct en_ctx {
  * collective cannot be recovered from inside a forward pass: it aborts with
  * the communicator's message (hangs are caught by its watchdog). */
 void en_model_tp_allreduce(const en_model *m, float *buf, size_t n);
+/* Sequence parallelism's pair (abort on failure like en_model_tp_allreduce):
+ * all-gather n_local floats from every TP rank into out (tp * n_local), and
+ * reduce-scatter in (tp * n_local) summing into this rank's out (n_local). */
+void en_model_tp_allgather(const en_model *m, const float *in, float *out, size_t n_local);
+void en_model_tp_reduce_scatter(const en_model *m, const float *in, float *out, size_t n_local);
 
 /* Build the parameter table for hp; *specs is en_malloc'd. slots are
  * filled in by en_model_layout_bind once the allocation exists. */

@@ -50,6 +50,8 @@ struct en_train {
     float *scale;  /* (chunk) */
     int32_t *pos;  /* (N) */
     int32_t *ids_local;            /* (N) tensor parallel: vocab-local ids */
+    int sp, Nl;                    /* sequence parallel: rows held here (N / tp) */
+    float *xg, *dfull, *dxl;       /* (N, C), (N, C), (Nl, C) SP scratch */
     float *ce_max, *ce_sum, *ce_tl; /* (chunk) vocab-parallel cross-entropy */
 };
 
@@ -68,6 +70,15 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     if (m->tp_size > 1 && m->lora)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "LoRA with tensor parallelism is not supported yet (issue #4)");
+    if (cfg->sequence_parallel && m->tp_size < 2)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "--sequence-parallel needs tensor parallelism (--tp > 1), got tp %d",
+                      m->tp_size);
+    if (cfg->sequence_parallel && ((int64_t)cfg->batch * cfg->seq_len) % m->tp_size != 0)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "--sequence-parallel: batch %d x seq_len %d tokens is not a multiple of "
+                      "tp %d",
+                      cfg->batch, cfg->seq_len, m->tp_size);
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "batch must be >= 1");
     if (cfg->seq_len < 1 || cfg->seq_len > hp->max_pos)
         return EN_ERR(err, EN_ERR_ARG, "--seq-len %d must be in [1, %d] (max_position_embeddings)",
@@ -123,12 +134,16 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     /* activation arena. SELECTIVE: per layer x_in, xn1, x_mid, xn2 (C);
      * q, att (QD); k, v (KVD); gate, up, h (F). FULL: per layer x_in only,
      * plus one working set of the rest shared by all layers. Then x, xf. */
-    const size_t work = N * (3 * C + 2 * QD + 2 * KVD + 3 * F);
+    /* with sequence parallelism the C-wide activations hold Nl rows */
+    const size_t Nl = cfg->sequence_parallel ? N / (size_t)m->tp_size : N;
+    t->sp = cfg->sequence_parallel;
+    t->Nl = (int)Nl;
+    const size_t work = Nl * 3 * C + N * (2 * QD + 2 * KVD + 3 * F);
     const int full = cfg->recompute == EN_RECOMPUTE_FULL;
     const size_t probs = cfg->recompute == EN_RECOMPUTE_NONE
                              ? N * (size_t)hp->n_head * (size_t)cfg->seq_len
                              : 0;
-    t->per_layer_floats = full ? N * C : N * C + work + probs;
+    t->per_layer_floats = full ? Nl * C : Nl * C + work + probs;
     t->arena_floats = L * t->per_layer_floats + (full ? work + N * C : 0) + 2 * N * C;
     t->arena = en_backend_alloc(be, t->arena_floats * sizeof(float));
     t->acts = en_calloc(L, sizeof(en_layer_acts));
@@ -159,6 +174,12 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->ce_sum = en_malloc(chunk * sizeof(float));
     t->ce_tl = en_malloc(chunk * sizeof(float));
     if (!t->ids_local || !t->ce_max || !t->ce_sum || !t->ce_tl) goto oom;
+    if (t->sp) {
+        t->xg = en_backend_alloc(be, N * C * sizeof(float));
+        t->dfull = en_backend_alloc(be, N * C * sizeof(float));
+        t->dxl = en_backend_alloc(be, Nl * C * sizeof(float));
+        if (!t->xg || !t->dfull || !t->dxl) goto oom;
+    }
     if (r) {
         t->lora_u = en_backend_alloc(be, N * r * sizeof(float));
         t->lora_du = en_backend_alloc(be, N * r * sizeof(float));
@@ -172,7 +193,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     float *shared_k = NULL, *shared_v = NULL;
     for (size_t l = 0; l < L; l++) {
         en_layer_acts *a = &t->acts[l];
-        a->x_in = p, p += N * C;
+        a->x_in = p, p += Nl * C;
         if (full && l > 0) { /* every layer shares layer 0's working set */
             float *x_in = a->x_in;
             *a = shared;
@@ -181,9 +202,9 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
             t->v[l] = shared_v;
             continue;
         }
-        a->xn1 = p, p += N * C;
-        a->x_mid = p, p += N * C;
-        a->xn2 = p, p += N * C;
+        a->xn1 = p, p += Nl * C;
+        a->x_mid = p, p += Nl * C;
+        a->xn2 = p, p += Nl * C;
         a->q = p, p += N * QD;
         a->att = p, p += N * QD;
         t->k[l] = p, p += N * KVD;
@@ -195,11 +216,13 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         a->proj = t->proj;
         a->tmp = t->tmp;
         a->lora_u = t->lora_u;
+        a->sp = t->sp;
         shared = *a;
         shared_k = t->k[l];
         shared_v = t->v[l];
     }
     if (full) t->xr = p, p += N * C;
+    for (size_t l = 0; l < L; l++) t->acts[l].xg = t->xg;
     t->x = p, p += N * C;
     t->xf = p, p += N * C;
     for (int i = 0; i < t->N; i++) t->pos[i] = i % cfg->seq_len;
@@ -216,7 +239,7 @@ oom:
 void en_train_destroy(en_train *t) {
     if (!t) return;
     en_backend *be = t->be;
-    float *bufs[] = {t->grads, t->arena, t->proj, t->tmp, t->lora_u, t->lora_du, t->dx, t->dxn,
+    float *bufs[] = {t->xg, t->dfull, t->dxl, t->grads, t->arena, t->proj, t->tmp, t->lora_u, t->lora_du, t->dx, t->dxn,
                      t->dq, t->dk, t->dv, t->datt, t->dgate, t->dup, t->dh, t->dxf, t->logits,
                      t->nll, t->scale};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) en_backend_free(be, bufs[i]);
@@ -353,11 +376,26 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     const int QD = H * D, KVD = Hkv * D, V = hp->n_vocab, L = hp->n_layer;
     const en_lora *lo = t->lora;
 
+    /* rows of the residual stream held here: all, or N / tp with sequence
+     * parallelism (this rank's contiguous block) */
+    const int Nx = t->sp ? t->Nl : N;
+    const size_t my_rows = (size_t)m->tp_rank * (size_t)t->Nl * (size_t)C;
+
     /* ---- forward ---- */
-    en_llama_embed(m, t->x, inputs, N, t->ids_local);
+    if (t->sp) {
+        en_llama_embed(m, t->xg, inputs, N, t->ids_local);
+        memcpy(t->x, t->xg + my_rows, (size_t)Nx * C * sizeof(float));
+    } else {
+        en_llama_embed(m, t->x, inputs, N, t->ids_local);
+    }
     for (int l = 0; l < L; l++)
         en_llama_layer_fwd(m, l, t->x, N, B, t->pos, t->k[l], t->v[l], 0, &t->acts[l]);
-    en_op_rmsnorm(be, t->xf, t->x, m->out_norm, hp->norm_eps, N, C);
+    if (t->sp) { /* the vocab-parallel loss needs every row */
+        en_op_rmsnorm(be, t->dxl, t->x, m->out_norm, hp->norm_eps, Nx, C);
+        en_model_tp_allgather(m, t->dxl, t->xf, (size_t)Nx * C);
+    } else {
+        en_op_rmsnorm(be, t->xf, t->x, m->out_norm, hp->norm_eps, N, C);
+    }
 
     /* ---- loss, fused with the output projection, chunk by chunk ---- */
     double sum = 0;
@@ -388,12 +426,18 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     *nll_sum = sum;
     *n_tokens = count;
     if (!backward) return EN_OK;
-    /* each rank's vocab rows gave part of d(xf) */
-    en_model_tp_allreduce(m, t->dxf, (size_t)N * C);
+    /* each rank's vocab rows gave part of d(xf): sum (SP: into our rows) */
+    const float *dxf = t->dxf;
+    if (t->sp) {
+        en_model_tp_reduce_scatter(m, t->dxf, t->dxl, (size_t)Nx * C);
+        dxf = t->dxl;
+    } else {
+        en_model_tp_allreduce(m, t->dxf, (size_t)N * C);
+    }
 
     /* ---- backward ---- */
-    zero(t->dx, (size_t)N * C);
-    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->out_norm), t->dxf, t->x, m->out_norm, hp->norm_eps, N, C);
+    zero(t->dx, (size_t)Nx * C);
+    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->out_norm), dxf, t->x, m->out_norm, hp->norm_eps, Nx, C);
     for (int l = L - 1; l >= 0; l--) {
         const en_layer_acts *a = &t->acts[l];
         const en_layer_w *w = &m->layers[l];
@@ -403,26 +447,51 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
              * forward); x_in is not copied again (NULL). */
             en_layer_acts ra = *a;
             ra.x_in = NULL;
-            memcpy(t->xr, a->x_in, (size_t)N * C * sizeof(float));
+            memcpy(t->xr, a->x_in, (size_t)Nx * C * sizeof(float));
             en_llama_layer_fwd(m, l, t->xr, N, B, t->pos, t->k[l], t->v[l], 0, &ra);
         }
 #define LP(i) (lo ? en_lora_get(lo, l, (i)) : NULL)
+        /* Sequence parallelism: the gradient of the residual stream (dx)
+         * holds our rows; the row-parallel layers' backward needs all rows
+         * (all-gather), the column-parallel input gradients are summed into
+         * our rows (reduce-scatter), and the norms' inputs are re-gathered. */
+        const float *dy = t->dx, *xn;
+        if (t->sp) {
+            en_model_tp_allgather(m, t->dx, t->dfull, (size_t)Nx * C);
+            dy = t->dfull;
+        }
         /* MLP: x_out = x_mid + down(h), h = silu(gate) * up */
         zero(t->dh, (size_t)N * F);
-        linear_bwd(t, t->dh, gw(t, w->w_down), NULL, t->dx, a->h, w->w_down, LP(6), N, C, F);
+        linear_bwd(t, t->dh, gw(t, w->w_down), NULL, dy, a->h, w->w_down, LP(6), N, C, F);
         zero(t->dgate, (size_t)N * F);
         zero(t->dup, (size_t)N * F);
         en_op_swiglu_bwd(be, t->dgate, t->dup, t->dh, a->gate, a->up, (size_t)N * F);
         zero(t->dxn, (size_t)N * C);
-        linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, a->xn2, w->w_gate, LP(4), N, F, C);
-        linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, a->xn2, w->w_up, LP(5), N, F, C);
+        xn = a->xn2;
+        if (t->sp) {
+            en_model_tp_allgather(m, a->xn2, t->xg, (size_t)Nx * C);
+            xn = t->xg;
+        }
+        linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, xn, w->w_gate, LP(4), N, F, C);
+        linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, xn, w->w_up, LP(5), N, F, C);
         /* column-parallel gate/up: the input gradient sums over ranks */
-        en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
-        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->ffn_norm), t->dxn, a->x_mid, w->ffn_norm,
-                          hp->norm_eps, N, C);
+        const float *dxn = t->dxn;
+        if (t->sp) {
+            en_model_tp_reduce_scatter(m, t->dxn, t->dxl, (size_t)Nx * C);
+            dxn = t->dxl;
+        } else {
+            en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
+        }
+        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->ffn_norm), dxn, a->x_mid, w->ffn_norm,
+                          hp->norm_eps, Nx, C);
         /* attention: x_mid = x_in + o(att) */
+        dy = t->dx;
+        if (t->sp) {
+            en_model_tp_allgather(m, t->dx, t->dfull, (size_t)Nx * C);
+            dy = t->dfull;
+        }
         zero(t->datt, (size_t)N * QD);
-        linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), t->dx, a->att, w->wo, LP(3), N, C, QD);
+        linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), dy, a->att, w->wo, LP(3), N, C, QD);
         zero(t->dq, (size_t)N * QD);
         zero(t->dk, (size_t)N * KVD);
         zero(t->dv, (size_t)N * KVD);
@@ -443,13 +512,24 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         en_op_rope_bwd(be, t->dq, t->pos, N, H, D, (size_t)QD, hp->rope_theta);
         en_op_rope_bwd(be, t->dk, t->pos, N, Hkv, D, (size_t)KVD, hp->rope_theta);
         zero(t->dxn, (size_t)N * C);
-        linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, a->xn1, w->wq, LP(0), N, QD, C);
-        linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, a->xn1, w->wk, LP(1), N, KVD, C);
-        linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, a->xn1, w->wv, LP(2), N, KVD, C);
+        xn = a->xn1;
+        if (t->sp) {
+            en_model_tp_allgather(m, a->xn1, t->xg, (size_t)Nx * C);
+            xn = t->xg;
+        }
+        linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, xn, w->wq, LP(0), N, QD, C);
+        linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, xn, w->wk, LP(1), N, KVD, C);
+        linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, xn, w->wv, LP(2), N, KVD, C);
         /* column-parallel q/k/v: the input gradient sums over ranks */
-        en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
-        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->attn_norm), t->dxn, a->x_in, w->attn_norm,
-                          hp->norm_eps, N, C);
+        dxn = t->dxn;
+        if (t->sp) {
+            en_model_tp_reduce_scatter(m, t->dxn, t->dxl, (size_t)Nx * C);
+            dxn = t->dxl;
+        } else {
+            en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
+        }
+        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->attn_norm), dxn, a->x_in, w->attn_norm,
+                          hp->norm_eps, Nx, C);
 #undef LP
     }
     if (!lo && m->tp_size == 1) {
@@ -458,7 +538,10 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         /* vocab-parallel: only the tokens whose rows live here; the others'
          * gradient rows are zeroed in a copy (dxn is free now) */
         en_llama_local_ids(m, inputs, N, t->ids_local);
-        memcpy(t->dxn, t->dx, (size_t)N * C * sizeof(float));
+        if (t->sp)
+            en_model_tp_allgather(m, t->dx, t->dxn, (size_t)Nx * C);
+        else
+            memcpy(t->dxn, t->dx, (size_t)N * C * sizeof(float));
         for (int i = 0; i < N; i++)
             if (t->ids_local[i] < 0) {
                 memset(t->dxn + (size_t)i * C, 0, (size_t)C * sizeof(float));
@@ -467,6 +550,20 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         en_op_embedding_bwd(be, gw(t, m->tok_embd), t->dxn, t->ids_local, N, C);
     }
     return EN_OK;
+}
+
+void en_train_reduce_grads(en_train *t) {
+    if (!t->sp || t->lora) return;
+    /* With sequence parallelism each rank's norm weights saw only its rows
+     * of the batch: sum their gradients over the tensor-parallel group. Once
+     * per step, after all micro-batches (the buffers accumulate). */
+    en_model *m = t->m;
+    const size_t C = (size_t)m->hp.n_embd;
+    en_model_tp_allreduce(m, gw(t, m->out_norm), C);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        en_model_tp_allreduce(m, gw(t, m->layers[l].attn_norm), C);
+        en_model_tp_allreduce(m, gw(t, m->layers[l].ffn_norm), C);
+    }
 }
 
 en_status en_train_fwd_bwd(en_train *t, const int32_t *inputs, const int32_t *targets,

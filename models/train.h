@@ -39,6 +39,12 @@ typedef struct en_train_config {
     int seq_len;  /* T tokens per sequence, 1 .. max_position_embeddings */
     int ce_chunk; /* rows per cross-entropy chunk; 0 = 256 */
     en_recompute recompute;
+    /* Sequence parallelism (Korthikanti et al. 2022) on top of tensor
+     * parallelism: the norm and residual regions hold 1/tp of the B*T rows
+     * (B*T must be a multiple of tp); all-gathers before the column-parallel
+     * layers and reduce-scatters after the row-parallel ones replace the
+     * all-reduces, in forward and backward. Needs tp > 1. */
+    int sequence_parallel;
 } en_train_config;
 
 typedef struct en_train en_train;
@@ -65,6 +71,11 @@ void en_train_zero_grad(en_train *t);
  * micro-batch's loss sum and trained-token count. */
 en_status en_train_fwd_bwd(en_train *t, const int32_t *inputs, const int32_t *targets,
                            float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err);
+/* Once per optimizer step, after its micro-batches: finish gradients that
+ * need a collective (with sequence parallelism, the norm weights' partial
+ * sums over the tensor-parallel group). A no-op otherwise. */
+void en_train_reduce_grads(en_train *t);
+
 /* Forward only (evaluation). */
 en_status en_train_loss(en_train *t, const int32_t *inputs, const int32_t *targets,
                         double *nll_sum, int64_t *n_tokens, en_err *err);
@@ -78,6 +89,8 @@ en_status en_train_loss(en_train *t, const int32_t *inputs, const int32_t *targe
  *              + 2 H*D (q, attention output) + 2 Hkv*D (k, v) + 3F (gate, up, h)
  *   NONE:      SELECTIVE + H*T (the attention probabilities of the token's row)
  *   FULL:      C (the layer input)
+ * With sequence parallelism the 4C of SELECTIVE (and FULL's C) are held for
+ * 1/tp of the tokens; the rest is already split by heads and by F.
  * For Megatron's GPT layer (LayerNorm, 4h GeLU MLP, dropout, 16-bit) the
  * paper's figure is s*b*h*(34 + 5*a*s/h) bytes; ours for RMSNorm, SwiGLU
  * and no dropout, in float32 with MHA (H*D = Hkv*D = h), is

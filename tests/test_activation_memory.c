@@ -92,7 +92,7 @@ int main(void) {
            F);
     for (int i = 0; i < 3; i++) {
         en_train *t = NULL;
-        en_train_config tc = {1, s, 0, modes[i]};
+        en_train_config tc = {1, s, 0, modes[i], 0};
         CHECK(en_train_create(m, &tc, &t, &err) == EN_OK, "%s", err.msg);
         if (!t) continue;
         size_t per_layer;

@@ -8,9 +8,11 @@
 #    reference curve;
 #  - tensor-parallel inference (generate, eval --tp 2) equals one process;
 #    sizes that do not divide are refused;
-#  - tensor-parallel training (tp2 with each recompute mode, tp2 x dp2 with
-#    ZeRO-1) follows the one-process losses; its checkpoints resume under
-#    other layouts and its final model is whole; LoRA under TP is refused.
+#  - tensor-parallel training (tp2 with each recompute mode, with sequence
+#    parallelism, tp2 x dp2 with ZeRO-1) follows the one-process losses; the
+#    printed activation bytes per layer follow the formula (1/T with SP);
+#    checkpoints resume under other layouts and the final model is whole;
+#    LoRA under TP is refused.
 set -u
 ENERGON=$1
 FIX=$2
@@ -107,6 +109,30 @@ compare "tp2 + full recompute" "$T/tp2full"
 compare "tp2 + no recompute" "$T/tp2none"
 "${MPI[@]}" -np 4 "$ENERGON" finetune "${ARGS[@]}" --tp 2 --zero 1 --out "$T/tp2dp2" >"$T/tp2dp2.log" 2>&1
 compare "tp2 x dp2 + ZeRO-1" "$T/tp2dp2"
+"${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --tp 2 --sequence-parallel --out "$T/tp2sp" >"$T/tp2sp.log" 2>&1
+compare "tp2 + sequence parallel (selective recompute)" "$T/tp2sp"
+"${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --tp 2 --sequence-parallel --recompute full --out "$T/tp2spf" >"$T/tp2spf.log" 2>&1
+compare "tp2 + sequence parallel + full recompute" "$T/tp2spf"
+"${MPI[@]}" -np 4 "$ENERGON" finetune "${ARGS[@]}" --tp 2 --sequence-parallel --zero 1 --out "$T/tp2spdp2" >"$T/tp2spdp2.log" 2>&1
+compare "tp2 x dp2 + sequence parallel + ZeRO-1" "$T/tp2spdp2"
+# activation bytes per layer printed by the runs, against the formula of
+# models/train.h: 4 bytes x (rows_C * 4C + N * (2 QD + 2 KVD + 3F)) with the
+# tensor-parallel shard's QD, KVD, F and rows_C = N (or N / tp with SP);
+# model: C 48, 4 heads of 12, 2 kv heads, F 96; N = 2 x 32 tokens.
+bytes() { grep -o '[0-9]* bytes per layer' "$1" | head -1 | cut -d' ' -f1; }
+b1=$(bytes "$T/ref.log"); b2=$(bytes "$T/tp2.log"); b3=$(bytes "$T/tp2sp.log")
+w1=$((4 * (64 * 4 * 48 + 64 * (2 * 48 + 2 * 24 + 3 * 96))))
+w2=$((4 * (64 * 4 * 48 + 64 * (2 * 24 + 2 * 12 + 3 * 48))))
+w3=$((4 * (32 * 4 * 48 + 64 * (2 * 24 + 2 * 12 + 3 * 48))))
+if [ "$b1" = "$w1" ] && [ "$b2" = "$w2" ] && [ "$b3" = "$w3" ]; then
+    echo "  ok activations per layer: 1 rank $b1 B, tp2 $b2 B, tp2 + SP $b3 B (= 1/2 of one rank's), as the formula says"; pass=$((pass + 1))
+else
+    echo "FAIL activations per layer: got $b1 $b2 $b3, formula $w1 $w2 $w3"; fail=$((fail + 1))
+fi
+"${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --sequence-parallel --out "$T/sp1" >"$T/sp1.log" 2>&1
+[ $? -ne 0 ] && grep -q "needs tensor parallelism" "$T/sp1.log" &&
+    { echo "  ok --sequence-parallel without --tp refused"; pass=$((pass + 1)); } ||
+    { echo "FAIL --sequence-parallel without --tp"; fail=$((fail + 1)); }
 # layout-free: a tp2 x dp2 checkpoint resumed by one process, and the reverse with tp2
 cp -r "$T/tp2dp2" "$T/tp_to_1"
 rm -rf "$T/tp_to_1/checkpoints/step-00000010"

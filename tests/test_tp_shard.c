@@ -108,7 +108,7 @@ int main(void) {
             CHECK(en_ctx_create(m, NULL, &c, &err) == EN_ERR_ARG && c == NULL &&
                   strstr(err.msg, "needs a communicator"), "%s", err.msg);
             en_train *t = NULL;
-            en_train_config tc = {1, 4, 0, EN_RECOMPUTE_SELECTIVE};
+            en_train_config tc = {1, 4, 0, EN_RECOMPUTE_SELECTIVE, 0};
             CHECK(en_train_create(m, &tc, &t, &err) == EN_ERR_ARG && t == NULL &&
                   strstr(err.msg, "needs a communicator"), "%s", err.msg);
             en_model_destroy(m);

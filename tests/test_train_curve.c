@@ -44,7 +44,7 @@ static void run_case(en_backend *be, const char *name, int lora) {
                                 &err) == EN_OK);
         en_model_set_lora(m, l, &err);
     }
-    en_train_config tc = {B, T, 0, EN_RECOMPUTE_SELECTIVE};
+    en_train_config tc = {B, T, 0, EN_RECOMPUTE_SELECTIVE, 0};
     CHECK(en_train_create(m, &tc, &t, &err) == EN_OK, "%s", err.msg);
     size_t n;
     float *p = en_train_params(t, &n);

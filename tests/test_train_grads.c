@@ -71,7 +71,7 @@ static void run_case(en_backend *be, int ci) {
     float ref_loss;
     memcpy(&ref_loss, tl->data, 4);
 
-    en_train_config tc = {B, T, 5, EN_RECOMPUTE_SELECTIVE}; /* ce_chunk 5: several chunks of the fused loss */
+    en_train_config tc = {B, T, 5, EN_RECOMPUTE_SELECTIVE, 0}; /* ce_chunk 5: several chunks of the fused loss */
     CHECK(en_train_create(m, &tc, &t, &err) == EN_OK, "%s", err.msg);
     if (!t) goto done_batch;
     size_t n_par = 0;
