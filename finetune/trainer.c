@@ -237,6 +237,7 @@ typedef struct run {
     size_t n_full;
     float *full_p, *full_m, *full_v; /* (n_full) gathered for writing */
     float *tp_tmp;                   /* (largest whole tensor) */
+    en_lora *lora_full;              /* TP + LoRA: the whole adapter, for writing */
 } run;
 
 /* Gradient all-reduce in buckets, so that a large model does not need one
@@ -272,7 +273,7 @@ static void grad_sumsq(run *r, const float *g, size_t lo, size_t hi, double sq[2
         en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
         size_t a0 = off > lo ? off : lo, a1 = off + ne < hi ? off + ne : hi;
         if (a0 >= a1) continue;
-        int split = r->tp > 1 && !r->lora ? en_model_tp_split(name) : 0;
+        int split = r->tp > 1 ? en_model_tp_split(name) : 0;
         sq[split ? 0 : 1] += en_op_sumsq(r->be, g + (a0 - lo), a1 - a0);
     }
 }
@@ -443,7 +444,13 @@ static en_status save_checkpoint(run *r, en_err *err) {
     en_status s = names ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     /* weights or adapter */
     if (s == EN_OK && r->lora) {
-        s = en_lora_save_peft(r->lora, c->model_dir, en_ckpt_writer_dir(w), err);
+        const en_lora *whole = r->lora;
+        if (r->lora_full) { /* gathered into full_p above */
+            size_t nl;
+            memcpy(en_lora_data(r->lora_full, &nl), r->full_p, r->n_full * sizeof(float));
+            whole = r->lora_full;
+        }
+        s = en_lora_save_peft(whole, c->model_dir, en_ckpt_writer_dir(w), err);
         if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_config.json", err);
         if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_model.safetensors", err);
     } else if (s == EN_OK && r->tp > 1) {
@@ -619,7 +626,9 @@ static en_status write_plot(run *r, en_err *err) {
 
 static en_status write_final(run *r, en_err *err) {
     const en_finetune_config *c = r->cfg;
-    if (r->lora) return en_lora_save_peft(r->lora, c->model_dir, c->run_dir, err);
+    if (r->lora) /* under TP, lora_full holds what the final checkpoint gathered */
+        return en_lora_save_peft(r->lora_full ? r->lora_full : r->lora, c->model_dir, c->run_dir,
+                                 err);
     if (r->tp > 1) { /* full_p was gathered by the final checkpoint */
         char *dir = en_path_join(c->run_dir, "model");
         char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
@@ -673,6 +682,7 @@ static void run_free(run *r) {
     en_free(r->full_m);
     en_free(r->full_v);
     en_free(r->tp_tmp);
+    en_lora_destroy(r->lora_full);
     en_dataset_destroy(r->train);
     en_dataset_destroy(r->val);
     if (r->model) en_model_set_lora(r->model, NULL, NULL);
@@ -721,13 +731,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     }
     r->tp = en_comm_size(r->comm, EN_GROUP_TP);
     r->tp_rank = en_comm_rank(r->comm, EN_GROUP_TP);
-    if (r->tp > 1 && cfg->lora_rank > 0) {
-        s = EN_ERR(err, EN_ERR_UNSUPPORTED,
-                   "--tp %d with --lora-rank: LoRA under tensor parallelism is not implemented "
-                   "yet (issue #4); use data parallelism (--tp 1) for LoRA",
-                   r->tp);
-        goto fail;
-    }
+
     r->D = en_comm_size(r->comm, EN_GROUP_DP);
     r->dp_rank = en_comm_rank(r->comm, EN_GROUP_DP);
     r->main = en_comm_rank(r->comm, EN_GROUP_WORLD) == 0;
@@ -768,8 +772,13 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     }
     if (cfg->lora_rank > 0) {
         en_lora_config lc = {cfg->lora_rank, cfg->lora_alpha, cfg->lora_targets};
-        if ((s = en_lora_create(r->be, hp, &lc, &r->lora, err)) != EN_OK) goto fail;
-        en_lora_init(r->lora, cfg->seed);
+        /* this rank's shard of the adapter (the whole one without TP) */
+        if ((s = en_lora_create(r->be, en_model_get_local_hparams(r->model), &lc, &r->lora,
+                                err)) != EN_OK)
+            goto fail;
+        en_lora_init_tp(r->lora, cfg->seed, r->tp_rank, r->tp);
+        if (r->tp > 1 && (s = en_lora_create(r->be, hp, &lc, &r->lora_full, err)) != EN_OK)
+            goto fail;
         if ((s = en_model_set_lora(r->model, r->lora, err)) != EN_OK) goto fail;
     }
 
@@ -835,9 +844,33 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     r->m = en_calloc(n_mom, sizeof(float));
     r->v = en_calloc(n_mom, sizeof(float));
     if (r->tp > 1) { /* whole-model buffers for layout-free checkpoints */
-        if ((s = en_model_layout(hp, &r->full_specs, &r->n_full_specs, &r->n_full, NULL, NULL,
-                                 NULL, NULL, err)) != EN_OK)
+        if (r->lora_full) { /* the whole adapter's layout */
+            size_t nl;
+            float *base = en_lora_data(r->lora_full, &nl);
+            r->n_full_specs = en_lora_n_tensors(r->lora_full);
+            r->n_full = nl;
+            r->full_specs = en_calloc((size_t)r->n_full_specs, sizeof(en_param_spec));
+            if (!r->full_specs) {
+                s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            for (int i = 0; i < r->n_full_specs; i++) {
+                const char *nm;
+                float *d;
+                int64_t sh[2];
+                en_lora_tensor(r->lora_full, i, &nm, &d, sh);
+                en_param_spec *fs = &r->full_specs[i];
+                snprintf(fs->name, sizeof fs->name, "%s", nm);
+                fs->n_dims = 2;
+                fs->shape[0] = sh[0];
+                fs->shape[1] = sh[1];
+                fs->offset = (size_t)(d - base);
+                fs->n_elem = (size_t)(sh[0] * sh[1]);
+            }
+        } else if ((s = en_model_layout(hp, &r->full_specs, &r->n_full_specs, &r->n_full, NULL,
+                                        NULL, NULL, NULL, err)) != EN_OK) {
             goto fail;
+        }
         size_t big = 0;
         for (int i = 0; i < r->n_full_specs; i++)
             if (r->full_specs[i].n_elem > big) big = r->full_specs[i].n_elem;

@@ -28,6 +28,27 @@ void en_linear_fwd(en_backend *be, float *y, const float *x, const float *w, con
     en_op_add(be, y, y, tmp, (size_t)M * N);
 }
 
+/* A row-parallel linear (o, down) with its adapter under tensor
+ * parallelism: x and A hold this rank's slice of the input dimension, so
+ * u = x A^T is summed over the group; y is a partial sum that the caller
+ * reduces next, so the adapter's term is added on rank 0 only. */
+static void linear_row_tp_fwd(const en_model *m, float *y, const float *x, const float *w,
+                              const float *b, const en_lora_pair *lp, float s, float *u,
+                              float *tmp, int M, int N, int K) {
+    en_backend *be = m->be;
+    if (m->tp_size == 1 || !lp) {
+        en_linear_fwd(be, y, x, w, b, lp, s, u, tmp, M, N, K);
+        return;
+    }
+    en_op_matmul(be, y, x, w, b, M, N, K);
+    en_op_matmul(be, u, x, lp->A, NULL, M, lp->rank, K);
+    en_model_tp_allreduce(m, u, (size_t)M * lp->rank);
+    en_op_scale(be, u, s, (size_t)M * lp->rank);
+    if (m->tp_rank != 0) return;
+    en_op_matmul(be, tmp, u, lp->B, NULL, M, N, lp->rank);
+    en_op_add(be, y, y, tmp, (size_t)M * N);
+}
+
 void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
                         float *kc, float *vc, int p0, const en_layer_acts *a) {
     en_backend *be = m->be;
@@ -70,7 +91,7 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
                             (size_t)KVD, pos + (size_t)sq * T, T, p0 + T, H, Hkv, D,
                             hp->sliding_window);
     }
-    en_linear_fwd(be, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
+    linear_row_tp_fwd(m, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
     /* row-parallel o_proj: each rank holds a partial sum over its heads;
      * all-reduce, or with sequence parallelism reduce-scatter to nx rows */
     float *po = a->proj;
@@ -93,7 +114,7 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     en_linear_fwd(be, a->gate, xin, w->w_gate, NULL, LP(4), s, a->lora_u, a->tmp, n, F, C);
     en_linear_fwd(be, a->up, xin, w->w_up, NULL, LP(5), s, a->lora_u, a->tmp, n, F, C);
     en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
-    en_linear_fwd(be, a->proj, a->h, w->w_down, NULL, LP(6), s, a->lora_u, a->tmp, n, C, F);
+    linear_row_tp_fwd(m, a->proj, a->h, w->w_down, NULL, LP(6), s, a->lora_u, a->tmp, n, C, F);
     /* row-parallel down_proj: partial sum over this rank's slice of F */
     po = a->proj;
     if (a->sp) {

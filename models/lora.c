@@ -54,6 +54,7 @@ typedef struct lora_tensor {
     char name[128];
     float *data;
     int64_t shape[2];
+    int target; /* EN_LORA_* bit index */
 } lora_tensor;
 
 struct en_lora {
@@ -133,12 +134,14 @@ en_status en_lora_create(en_backend *be, const en_model_hparams *hp, const en_lo
             ta->data = p->A;
             ta->shape[0] = cfg->rank;
             ta->shape[1] = in;
+            ta->target = i;
             lora_tensor *tb = &l->tensors[l->n_tensors++];
             snprintf(tb->name, sizeof tb->name, "base_model.model.model.layers.%d.%s.lora_B.weight",
                      layer, k_targets[i].module);
             tb->data = p->B;
             tb->shape[0] = o;
             tb->shape[1] = cfg->rank;
+            tb->target = i;
         }
     *out = l;
     return EN_OK;
@@ -177,20 +180,29 @@ void en_lora_tensor(const en_lora *l, int i, const char **name, float **data, in
     shape[1] = l->tensors[i].shape[1];
 }
 
-void en_lora_init(en_lora *l, uint64_t seed) {
-    /* Host staging then one upload: the data may live on a device. */
+void en_lora_init(en_lora *l, uint64_t seed) { en_lora_init_tp(l, seed, 0, 1); }
+
+void en_lora_init_tp(en_lora *l, uint64_t seed, int tp_rank, int tp_size) {
+    /* Host staging then one upload: the data may live on a device. Each A
+     * draws from its own stream (seed, tensor index) over the whole
+     * tensor, so every layout takes its slice of the same values. */
     float *h = en_calloc(l->n ? l->n : 1, sizeof(float));
     if (!h) return;
-    uint64_t s = seed ^ 0x4c6f5241ull; /* "LoRA" */
+    if (tp_size < 1) tp_size = 1;
     for (int t = 0; t < l->n_tensors; t += 2) {
         lora_tensor *ta = &l->tensors[t];
         size_t off = (size_t)(ta->data - l->data);
-        size_t n = (size_t)(ta->shape[0] * ta->shape[1]);
-        double bound = 1.0 / sqrt((double)ta->shape[1]);
-        for (size_t i = 0; i < n; i++) {
-            double u = (double)(en_splitmix64(&s) >> 11) * 0x1.0p-53;
-            h[off + i] = (float)((2 * u - 1) * bound);
-        }
+        const int row_parallel = ta->target == 3 || ta->target == 6; /* o, down */
+        const size_t rows = (size_t)ta->shape[0], in = (size_t)ta->shape[1];
+        const size_t in_full = row_parallel ? in * (size_t)tp_size : in;
+        const size_t c0 = row_parallel ? in * (size_t)tp_rank : 0;
+        double bound = 1.0 / sqrt((double)in_full);
+        uint64_t s = seed ^ 0x4c6f5241ull ^ ((uint64_t)t * 0x9E3779B97F4A7C15ull); /* "LoRA" */
+        for (size_t rr = 0; rr < rows; rr++)
+            for (size_t c = 0; c < in_full; c++) {
+                double u = (double)(en_splitmix64(&s) >> 11) * 0x1.0p-53;
+                if (c >= c0 && c < c0 + in) h[off + rr * in + (c - c0)] = (float)((2 * u - 1) * bound);
+            }
         /* B (tensor t+1) stays zero */
     }
     en_backend_upload(l->be, l->data, h, l->n * sizeof(float));

@@ -63,6 +63,10 @@ float en_lora_scale(const en_lora *l);
  * with a = sqrt(5)), B = 0, so the adapted model starts equal to the base.
  * Deterministic from seed. */
 void en_lora_init(en_lora *l, uint64_t seed);
+/* The same values under tensor parallelism: an adapter created with a
+ * shard's hyper-parameters gets exactly its slice of the whole adapter's
+ * initialisation (A of o/down is split by columns; every other A whole). */
+void en_lora_init_tp(en_lora *l, uint64_t seed, int tp_rank, int tp_size);
 /* The adapter of (layer, target bit index), or NULL when not adapted. */
 const en_lora_pair *en_lora_get(const en_lora *l, int layer, int target);
 /* The single allocation and its size in floats (for optimizers and I/O). */

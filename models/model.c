@@ -21,6 +21,16 @@ en_model_params en_model_params_default(void) {
  * 1 by rows (column-parallel linear, vocab-parallel embedding / output),
  * 2 by columns (row-parallel linear). */
 static int tp_split_dim(const char *name) {
+    /* LoRA (PEFT names): B of a column-parallel layer splits like the layer's
+     * rows, A of a row-parallel one (o, down) like its columns; the other
+     * factor is whole on every rank. */
+    size_t nl = strlen(name);
+    int is_a = nl >= 13 && strcmp(name + nl - 13, "lora_A.weight") == 0;
+    int is_b = nl >= 13 && strcmp(name + nl - 13, "lora_B.weight") == 0;
+    if (is_a || is_b) {
+        int row_parallel = strstr(name, "o_proj") != NULL || strstr(name, "down_proj") != NULL;
+        return row_parallel ? (is_a ? 2 : 0) : (is_b ? 1 : 0);
+    }
     static const char *const rows[] = {"q_proj.weight", "q_proj.bias", "k_proj.weight",
                                        "k_proj.bias",   "v_proj.weight", "v_proj.bias",
                                        "gate_proj.weight", "up_proj.weight",

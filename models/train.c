@@ -67,9 +67,6 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         return EN_ERR(err, EN_ERR_ARG,
                       "a model sharded %d ways needs a communicator with a TP group of %d",
                       m->tp_size, m->tp_size);
-    if (m->tp_size > 1 && m->lora)
-        return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                      "LoRA with tensor parallelism is not supported yet (issue #4)");
     if (cfg->sequence_parallel && m->tp_size < 2)
         return EN_ERR(err, EN_ERR_ARG,
                       "--sequence-parallel needs tensor parallelism (--tp > 1), got tp %d",
@@ -281,25 +278,36 @@ static float *gw(const en_train *t, const float *w) {
     return t->grads + (w - t->m->params);
 }
 
-/* Backward of en_linear_fwd: y = x W^T + b + s (x A^T) B^T. */
+/* Backward of en_linear_fwd: y = x W^T + b + s (x A^T) B^T. Under tensor
+ * parallelism (row_parallel: o and down, else column-parallel) the adapter
+ * follows its layer's split: a column-parallel layer's B is split by rows
+ * and A is whole, so du (a partial sum over the output shards) is summed
+ * over the group and du A, whole, is added to dx on rank 0 only (dx is
+ * summed over the group next); a row-parallel layer's A is split by columns
+ * and B is whole, so u is summed over the group first. */
 static void linear_bwd(en_train *t, float *dx, float *dW, float *db, const float *dy,
                        const float *x, const float *W, const en_lora_pair *lp, int M, int N,
-                       int K) {
+                       int K, int row_parallel) {
     en_backend *be = t->be;
+    const en_model *m = t->m;
     en_op_matmul_bwd(be, dx, dW, db, dy, x, W, M, N, K);
     if (!lp) return;
     const float s = en_lora_scale(t->lora);
     const int r = lp->rank;
+    const int tp = m->tp_size > 1;
     float *dA = t->grads + (lp->A - t->params), *dB = t->grads + (lp->B - t->params);
     /* u = s * x A^T (recomputed: M x r is cheap next to the base product) */
     en_op_matmul(be, t->lora_u, x, lp->A, NULL, M, r, K);
+    if (tp && row_parallel) en_model_tp_allreduce(m, t->lora_u, (size_t)M * r);
     en_op_scale(be, t->lora_u, s, (size_t)M * r);
     /* dB += dy^T u ; du = s * dy B */
     zero(t->lora_du, (size_t)M * r);
     en_op_matmul_bwd(be, t->lora_du, dB, NULL, dy, t->lora_u, lp->B, M, N, r);
+    if (tp && !row_parallel) en_model_tp_allreduce(m, t->lora_du, (size_t)M * r);
     en_op_scale(be, t->lora_du, s, (size_t)M * r);
     /* dA += du^T x ; dx += du A */
-    en_op_matmul_bwd(be, dx, dA, NULL, t->lora_du, x, lp->A, M, r, K);
+    float *dx_lora = tp && !row_parallel && m->tp_rank != 0 ? NULL : dx;
+    en_op_matmul_bwd(be, dx_lora, dA, NULL, t->lora_du, x, lp->A, M, r, K);
 }
 
 static en_status check_batch(const en_train *t, const int32_t *inputs, const int32_t *targets,
@@ -462,7 +470,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         }
         /* MLP: x_out = x_mid + down(h), h = silu(gate) * up */
         zero(t->dh, (size_t)N * F);
-        linear_bwd(t, t->dh, gw(t, w->w_down), NULL, dy, a->h, w->w_down, LP(6), N, C, F);
+        linear_bwd(t, t->dh, gw(t, w->w_down), NULL, dy, a->h, w->w_down, LP(6), N, C, F, 1);
         zero(t->dgate, (size_t)N * F);
         zero(t->dup, (size_t)N * F);
         en_op_swiglu_bwd(be, t->dgate, t->dup, t->dh, a->gate, a->up, (size_t)N * F);
@@ -472,8 +480,8 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             en_model_tp_allgather(m, a->xn2, t->xg, (size_t)Nx * C);
             xn = t->xg;
         }
-        linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, xn, w->w_gate, LP(4), N, F, C);
-        linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, xn, w->w_up, LP(5), N, F, C);
+        linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, xn, w->w_gate, LP(4), N, F, C, 0);
+        linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, xn, w->w_up, LP(5), N, F, C, 0);
         /* column-parallel gate/up: the input gradient sums over ranks */
         const float *dxn = t->dxn;
         if (t->sp) {
@@ -491,7 +499,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             dy = t->dfull;
         }
         zero(t->datt, (size_t)N * QD);
-        linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), dy, a->att, w->wo, LP(3), N, C, QD);
+        linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), dy, a->att, w->wo, LP(3), N, C, QD, 1);
         zero(t->dq, (size_t)N * QD);
         zero(t->dk, (size_t)N * KVD);
         zero(t->dv, (size_t)N * KVD);
@@ -517,9 +525,9 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             en_model_tp_allgather(m, a->xn1, t->xg, (size_t)Nx * C);
             xn = t->xg;
         }
-        linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, xn, w->wq, LP(0), N, QD, C);
-        linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, xn, w->wk, LP(1), N, KVD, C);
-        linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, xn, w->wv, LP(2), N, KVD, C);
+        linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, xn, w->wq, LP(0), N, QD, C, 0);
+        linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, xn, w->wk, LP(1), N, KVD, C, 0);
+        linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, xn, w->wv, LP(2), N, KVD, C, 0);
         /* column-parallel q/k/v: the input gradient sums over ranks */
         dxn = t->dxn;
         if (t->sp) {
