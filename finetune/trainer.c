@@ -274,7 +274,9 @@ static void grad_sumsq(run *r, const float *g, size_t lo, size_t hi, double sq[2
         size_t a0 = off > lo ? off : lo, a1 = off + ne < hi ? off + ne : hi;
         if (a0 >= a1) continue;
         int split = r->tp > 1 ? en_model_tp_split(name) : 0;
-        sq[split ? 0 : 1] += en_op_sumsq(r->be, g + (a0 - lo), a1 - a0);
+        /* a replicated kv head's block is on several ranks: count it once */
+        double reps = r->tp > 1 ? (double)en_model_tp_replicas(r->model, name) : 1.0;
+        sq[split ? 0 : 1] += en_op_sumsq(r->be, g + (a0 - lo), a1 - a0) / reps;
     }
 }
 
@@ -291,6 +293,14 @@ static en_status tp_gather(run *r, const float *local, float *full, en_err *err)
         float *dst = full + fs->offset;
         if (split == 0) {
             memcpy(dst, local + off, ne * sizeof(float));
+        } else if (split == 1 && en_model_tp_replicas(r->model, name) > 1) {
+            /* replicated kv heads: head h comes from its first rank */
+            int reps = en_model_tp_replicas(r->model, name), parts, idx;
+            en_model_tp_row_block(r->model, name, &parts, &idx);
+            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, r->tp_tmp, ne, err));
+            for (int h = 0; h < parts; h++)
+                memcpy(dst + (size_t)h * ne, r->tp_tmp + (size_t)h * reps * ne,
+                       ne * sizeof(float));
         } else if (split == 1) {
             EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, dst, ne, err));
         } else {
@@ -312,7 +322,9 @@ static void tp_slice(run *r, const char *name, const float *whole, const en_para
     if (r->tp == 1 || split == 0) {
         memcpy(dst, whole, ne * sizeof(float));
     } else if (split == 1) {
-        memcpy(dst, whole + (size_t)r->tp_rank * ne, ne * sizeof(float));
+        int parts, idx;
+        en_model_tp_row_block(r->model, name, &parts, &idx);
+        memcpy(dst, whole + (size_t)idx * ne, ne * sizeof(float));
     } else {
         size_t rows = (size_t)fs->shape[0], cl = ne / rows, cols = (size_t)fs->shape[1];
         for (size_t rr = 0; rr < rows; rr++)
@@ -877,7 +889,8 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         r->full_p = en_calloc(r->n_full, sizeof(float));
         r->full_m = en_calloc(r->n_full, sizeof(float));
         r->full_v = en_calloc(r->n_full, sizeof(float));
-        r->tp_tmp = en_malloc(big * sizeof(float));
+        /* an all-gather of a replicated kv tensor is kv_rep times its size */
+        r->tp_tmp = en_malloc(big * (size_t)en_model_kv_rep(r->model) * sizeof(float));
         if (!r->full_p || !r->full_m || !r->full_v || !r->tp_tmp) {
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for tensor-parallel checkpoints");
             goto fail;

@@ -50,18 +50,25 @@ static int tp_split_dim(const char *name) {
 
 /* The shard sizes for tp ranks, or an error naming what does not divide. */
 static en_status tp_local_hparams(const en_model_hparams *hp, int tp, const char *path,
-                                  en_model_hparams *hl, en_err *err) {
+                                  en_model_hparams *hl, int *kv_rep, en_err *err) {
     *hl = *hp;
+    *kv_rep = 1;
     if (tp <= 1) return EN_OK;
+    /* Fewer kv heads than ranks: each kv head is replicated on tp / Hkv
+     * adjacent ranks (the ones whose query heads use it). */
+    if (hp->n_kv_head % tp != 0 && tp % hp->n_kv_head == 0 && hp->n_head % tp == 0) {
+        *kv_rep = tp / hp->n_kv_head;
+        hl->n_kv_head = tp; /* divided to 1 below */
+    }
     static const char *const what[] = {"num_attention_heads", "num_key_value_heads",
                                        "intermediate_size", "vocab_size"};
-    const int val[] = {hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_vocab};
+    const int val[] = {hp->n_head, hl->n_kv_head, hp->n_ff, hp->n_vocab};
     for (int i = 0; i < 4; i++)
         if (val[i] % tp != 0)
             return EN_ERR(err, EN_ERR_ARG,
                           "%s: tensor-parallel size %d does not divide %s %d%s", path, tp,
                           what[i], val[i],
-                          i == 1 ? " (replicating kv heads across ranks is not supported yet)"
+                          i == 1 ? " (nor is it a multiple of it, so kv heads cannot be replicated)"
                           : i == 3 ? " (vocabulary padding is not supported yet)"
                                    : "");
     hl->n_head /= tp;
@@ -217,7 +224,7 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
                    m->tp_size);
         goto fail;
     }
-    s = tp_local_hparams(&m->hp, m->tp_size, cfg_path, &m->hl, err);
+    s = tp_local_hparams(&m->hp, m->tp_size, cfg_path, &m->hl, &m->kv_rep, err);
     if (s != EN_OK) goto fail;
     m->comm = params->comm;
     if (m->tp_size > 1 && m->hp.o_bias) {
@@ -245,7 +252,9 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         }
         /* the full tensor: this rank's shape times tp_size along the split */
         int split = m->tp_size > 1 ? tp_split_dim(sp->name) : 0;
-        int64_t full0 = sp->shape[0] * (split == 1 ? m->tp_size : 1);
+        int parts, idx;
+        en_model_tp_row_block(m, sp->name, &parts, &idx);
+        int64_t full0 = sp->shape[0] * (split == 1 ? parts : 1);
         int64_t full1 = sp->shape[1] * (split == 2 ? m->tp_size : 1);
         int shape_ok = t->n_dims == sp->n_dims && t->shape[0] == full0 &&
                        (sp->n_dims == 1 || t->shape[1] == full1);
@@ -288,7 +297,9 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         int split = m->tp_size > 1 ? tp_split_dim(sp->name) : 0;
         const float *src = staging;
         if (split == 1) { /* rows: one contiguous block */
-            src = staging + (size_t)m->tp_rank * sp->n_elem;
+            int parts, idx;
+            en_model_tp_row_block(m, sp->name, &parts, &idx);
+            src = staging + (size_t)idx * sp->n_elem;
         } else if (split == 2) { /* columns: this rank's slice of every row */
             size_t rows = (size_t)sp->shape[0], cl = (size_t)sp->shape[1];
             float *dst = staging + (size_t)t->n_elem; /* second half of staging */
@@ -330,6 +341,25 @@ const en_model_hparams *en_model_get_local_hparams(const en_model *m) { return &
 int en_model_tp_size(const en_model *m) { return m->tp_size; }
 int en_model_tp_rank(const en_model *m) { return m->tp_rank; }
 int en_model_tp_split(const char *name) { return tp_split_dim(name); }
+int en_model_kv_rep(const en_model *m) { return m->kv_rep; }
+
+static int is_kv_tensor(const char *name) {
+    return strstr(name, "k_proj.") != NULL || strstr(name, "v_proj.") != NULL;
+}
+
+void en_model_tp_row_block(const en_model *m, const char *name, int *parts, int *idx) {
+    if (m->kv_rep > 1 && is_kv_tensor(name)) { /* replicated kv head */
+        *parts = m->hp.n_kv_head;
+        *idx = m->tp_rank / m->kv_rep;
+    } else {
+        *parts = m->tp_size;
+        *idx = m->tp_rank;
+    }
+}
+
+int en_model_tp_replicas(const en_model *m, const char *name) {
+    return m->kv_rep > 1 && is_kv_tensor(name) && tp_split_dim(name) == 1 ? m->kv_rep : 1;
+}
 
 size_t en_model_param_bytes(const en_model *m) {
     size_t n = 0;

@@ -66,8 +66,9 @@ typedef struct en_model_params {
      * Contexts and trainers then run tensor parallel: all-reduce after o and
      * down (and of the input gradients of q/k/v and gate/up), vocab-parallel
      * embedding, logits gathered for sampling, vocab-parallel cross-entropy
-     * in training. Not yet: sequence parallelism, LoRA under TP, replicated
-     * kv heads, vocabulary padding. */
+     * in training. When there are fewer kv heads than ranks (and the ranks
+     * are a multiple of them) each kv head is replicated on the ranks whose
+     * query heads use it. Not yet: vocabulary padding. */
     int tp_rank, tp_size;
     /* The communicator whose TP group holds the tp_size ranks (borrowed;
      * must outlive the model). Needed for the forward when tp_size > 1. */
@@ -92,6 +93,15 @@ int en_model_tp_rank(const en_model *m);
 /* How the tensor of this Hugging Face name is split under tensor
  * parallelism: 0 whole on every rank, 1 by rows, 2 by columns. */
 int en_model_tp_split(const char *name);
+/* Rows-split tensors are cut into *parts blocks of which this rank holds
+ * block *idx: tp_size and tp_rank, except k/v under kv-head replication
+ * (fewer kv heads than ranks: parts = kv heads, idx = the kv head this
+ * rank's query heads use). */
+void en_model_tp_row_block(const en_model *m, const char *name, int *parts, int *idx);
+/* How many ranks hold the same block of this tensor (kv-head replication),
+ * 1 otherwise; their gradients are summed (en_train_reduce_grads). */
+int en_model_tp_replicas(const en_model *m, const char *name);
+int en_model_kv_rep(const en_model *m);
 size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per token */
 
 /* Borrowed pointer to a named parameter (Hugging Face name) and its element

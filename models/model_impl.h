@@ -38,6 +38,7 @@ struct en_model {
     en_model_hparams hp; /* the whole model's (what config.json says) */
     en_model_hparams hl; /* this rank's shard (== hp without tensor parallelism) */
     int tp_rank, tp_size;
+    int kv_rep;    /* ranks sharing each kv head (1: kv heads split) */
     en_comm *comm; /* borrowed; its TP group, when tp_size > 1 */
     en_backend *be;
     float *params; /* one allocation: every weight */

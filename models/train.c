@@ -52,6 +52,7 @@ struct en_train {
     int32_t *ids_local;            /* (N) tensor parallel: vocab-local ids */
     int sp, Nl;                    /* sequence parallel: rows held here (N / tp) */
     float *xg, *dfull, *dxl;       /* (N, C), (N, C), (Nl, C) SP scratch */
+    float *kv_scratch;             /* kv-head replication: one whole k/v tensor */
     float *ce_max, *ce_sum, *ce_tl; /* (chunk) vocab-parallel cross-entropy */
 };
 
@@ -171,6 +172,17 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->ce_sum = en_malloc(chunk * sizeof(float));
     t->ce_tl = en_malloc(chunk * sizeof(float));
     if (!t->ids_local || !t->ce_max || !t->ce_sum || !t->ce_tl) goto oom;
+    if (m->kv_rep > 1) {
+        size_t big = 0;
+        for (int i = 0; i < t->n_tensors; i++) {
+            int parts, idx;
+            if (en_model_tp_replicas(m, t->tensors[i].name) == 1) continue;
+            en_model_tp_row_block(m, t->tensors[i].name, &parts, &idx);
+            if (t->tensors[i].n_elem * (size_t)parts > big) big = t->tensors[i].n_elem * (size_t)parts;
+        }
+        t->kv_scratch = en_malloc((big ? big : 1) * sizeof(float));
+        if (!t->kv_scratch) goto oom;
+    }
     if (t->sp) {
         t->xg = en_backend_alloc(be, N * C * sizeof(float));
         t->dfull = en_backend_alloc(be, N * C * sizeof(float));
@@ -249,6 +261,7 @@ void en_train_destroy(en_train *t) {
     en_free(t->ce_max);
     en_free(t->ce_sum);
     en_free(t->ce_tl);
+    en_free(t->kv_scratch);
     en_free(t);
 }
 
@@ -561,16 +574,33 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
 }
 
 void en_train_reduce_grads(en_train *t) {
-    if (!t->sp || t->lora) return;
-    /* With sequence parallelism each rank's norm weights saw only its rows
-     * of the batch: sum their gradients over the tensor-parallel group. Once
-     * per step, after all micro-batches (the buffers accumulate). */
     en_model *m = t->m;
+    if (m->tp_size == 1) return;
     const size_t C = (size_t)m->hp.n_embd;
-    en_model_tp_allreduce(m, gw(t, m->out_norm), C);
-    for (int l = 0; l < m->hp.n_layer; l++) {
-        en_model_tp_allreduce(m, gw(t, m->layers[l].attn_norm), C);
-        en_model_tp_allreduce(m, gw(t, m->layers[l].ffn_norm), C);
+    if (t->sp && !t->lora) {
+        /* With sequence parallelism each rank's norm weights saw only its
+         * rows of the batch: sum their gradients over the group. */
+        en_model_tp_allreduce(m, gw(t, m->out_norm), C);
+        for (int l = 0; l < m->hp.n_layer; l++) {
+            en_model_tp_allreduce(m, gw(t, m->layers[l].attn_norm), C);
+            en_model_tp_allreduce(m, gw(t, m->layers[l].ffn_norm), C);
+        }
+    }
+    if (m->kv_rep > 1) {
+        /* A replicated kv head's weights get gradient from every rank whose
+         * query heads use it: each rank puts its part in the head's block of
+         * a whole-tensor buffer, the all-reduce sums per head. */
+        for (int i = 0; i < t->n_tensors; i++) {
+            if (en_model_tp_replicas(m, t->tensors[i].name) == 1) continue;
+            int parts, idx;
+            en_model_tp_row_block(m, t->tensors[i].name, &parts, &idx);
+            size_t ne = t->tensors[i].n_elem;
+            float *g = t->grads + t->tensors[i].offset;
+            memset(t->kv_scratch, 0, ne * (size_t)parts * sizeof(float));
+            memcpy(t->kv_scratch + (size_t)idx * ne, g, ne * sizeof(float));
+            en_model_tp_allreduce(m, t->kv_scratch, ne * (size_t)parts);
+            memcpy(g, t->kv_scratch + (size_t)idx * ne, ne * sizeof(float));
+        }
     }
 }
 

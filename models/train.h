@@ -72,8 +72,9 @@ void en_train_zero_grad(en_train *t);
 en_status en_train_fwd_bwd(en_train *t, const int32_t *inputs, const int32_t *targets,
                            float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err);
 /* Once per optimizer step, after its micro-batches: finish gradients that
- * need a collective (with sequence parallelism, the norm weights' partial
- * sums over the tensor-parallel group). A no-op otherwise. */
+ * need a collective under tensor parallelism (with sequence parallelism the
+ * norm weights' partial sums; with replicated kv heads the k/v weights'
+ * sums over the ranks sharing a head). A no-op otherwise. */
 void en_train_reduce_grads(en_train *t);
 
 /* Forward only (evaluation). */

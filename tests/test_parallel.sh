@@ -93,11 +93,19 @@ if awk -v a="$e1" -v b="$e2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0
 else
     echo "FAIL eval --tp 2: $e2 vs $e1"; fail=$((fail + 1))
 fi
-"${MPI[@]}" -np 4 "$ENERGON" generate --model "$T/ref/model" --prompt "x" --tp 4 >"$T/tp4.log" 2>&1
-if [ $? -ne 0 ] && grep -q "does not divide num_key_value_heads 2" "$T/tp4.log"; then
-    echo "  ok --tp 4 with 2 kv heads refused: $(grep -m1 'does not divide' "$T/tp4.log" | sed 's/.*config.json: //')"; pass=$((pass + 1))
+# 2 kv heads on 4 ranks: each kv head replicated on 2 ranks
+four=$("${MPI[@]}" -np 4 "$ENERGON" generate --model "$T/ref/model" --prompt "Shipment 7 left dock" --temperature 0 --max-tokens 24 --ignore-eos --json --tp 4 2>/dev/null)
+ids4=$(echo "$four" | grep -o '"ids":\[[0-9,]*\]')
+if [ -n "$ids1" ] && [ "$ids1" = "$ids4" ]; then
+    echo "  ok generate --tp 4 (2 kv heads, each on 2 ranks): the same greedy ids"; pass=$((pass + 1))
 else
-    echo "FAIL --tp 4 not refused clearly"; tail -3 "$T/tp4.log"; fail=$((fail + 1))
+    echo "FAIL generate --tp 4: '$ids4'"; fail=$((fail + 1))
+fi
+"${MPI[@]}" -np 3 "$ENERGON" generate --model "$T/ref/model" --prompt "x" --tp 3 >"$T/tp3.log" 2>&1
+if [ $? -ne 0 ] && grep -q "tensor-parallel size 3 does not divide num_attention_heads 4" "$T/tp3.log"; then
+    echo "  ok --tp 3 refused: $(grep -m1 'does not divide' "$T/tp3.log" | sed 's/.*config.json: //')"; pass=$((pass + 1))
+else
+    echo "FAIL --tp 3 not refused clearly"; tail -3 "$T/tp3.log"; fail=$((fail + 1))
 fi
 
 # tensor-parallel training: tp2, tp2 + sequence of recompute modes, tp2 x dp2
@@ -133,6 +141,8 @@ fi
 [ $? -ne 0 ] && grep -q "needs tensor parallelism" "$T/sp1.log" &&
     { echo "  ok --sequence-parallel without --tp refused"; pass=$((pass + 1)); } ||
     { echo "FAIL --sequence-parallel without --tp"; fail=$((fail + 1)); }
+"${MPI[@]}" -np 4 "$ENERGON" finetune "${ARGS[@]}" --tp 4 --sequence-parallel --out "$T/tp4sp" >"$T/tp4sp.log" 2>&1
+compare "tp4 + sequence parallel (kv heads replicated)" "$T/tp4sp"
 # layout-free: a tp2 x dp2 checkpoint resumed by one process, and the reverse with tp2
 cp -r "$T/tp2dp2" "$T/tp_to_1"
 rm -rf "$T/tp_to_1/checkpoints/step-00000010"
@@ -144,6 +154,11 @@ rm -rf "$T/one_to_tp2/checkpoints/step-00000010"
 "${MPI[@]}" -np 2 "$ENERGON" finetune --resume "$T/one_to_tp2" --threads 1 --tp 2 >"$T/r4.log" 2>&1
 grep -q "resuming from .*step-00000005" "$T/r4.log" && compare "one-process run resumed under tp2" "$T/one_to_tp2" ||
     { echo "FAIL resume 1 -> tp2"; tail -3 "$T/r4.log"; fail=$((fail + 1)); }
+cp -r "$T/tp4sp" "$T/tp4_to_1"
+rm -rf "$T/tp4_to_1/checkpoints/step-00000010"
+"$ENERGON" finetune --resume "$T/tp4_to_1" --threads 1 >"$T/r5.log" 2>&1
+grep -q "resuming from .*step-00000005" "$T/r5.log" && compare "tp4 + SP run (replicated kv heads) resumed by one process" "$T/tp4_to_1" ||
+    { echo "FAIL resume tp4 -> 1"; tail -3 "$T/r5.log"; fail=$((fail + 1)); }
 # the final model of a tp2 run is a whole Hugging Face model: same eval as one process's
 e1=$("$ENERGON" eval --model "$T/ref/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
 e3=$("$ENERGON" eval --model "$T/tp2/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
@@ -160,6 +175,8 @@ mv "$T/ref" "$T/ref_full" && cp -r "$T/lref" "$T/ref"   # compare() reads $T/ref
 compare "LoRA under tp2" "$T/ltp2"
 "${MPI[@]}" -np 4 "$ENERGON" finetune "${LARGS[@]}" --tp 2 --sequence-parallel --zero 1 --out "$T/ltp2dp2" >"$T/ltp2dp2.log" 2>&1
 compare "LoRA under tp2 x dp2 + sequence parallel + ZeRO-1" "$T/ltp2dp2"
+"${MPI[@]}" -np 4 "$ENERGON" finetune "${LARGS[@]}" --tp 4 --out "$T/ltp4" >"$T/ltp4.log" 2>&1
+compare "LoRA under tp4 (kv heads replicated)" "$T/ltp4"
 rm -rf "$T/ref" && mv "$T/ref_full" "$T/ref"
 la=$("$ENERGON" eval --model "$T/base" --adapter "$T/lref" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
 lb=$("$ENERGON" eval --model "$T/base" --adapter "$T/ltp2" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
