@@ -293,6 +293,10 @@ static en_status tp_gather(run *r, const float *local, float *full, en_err *err)
         float *dst = full + fs->offset;
         if (split == 0) {
             memcpy(dst, local + off, ne * sizeof(float));
+        } else if (split == 1 && en_model_is_vocab_tensor(name)) {
+            /* padded vocabulary: gather every rank's rows, keep vocab_size */
+            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, r->tp_tmp, ne, err));
+            memcpy(dst, r->tp_tmp, fs->n_elem * sizeof(float));
         } else if (split == 1 && en_model_tp_replicas(r->model, name) > 1) {
             /* replicated kv heads: head h comes from its first rank */
             int reps = en_model_tp_replicas(r->model, name), parts, idx;
@@ -321,6 +325,12 @@ static void tp_slice(run *r, const char *name, const float *whole, const en_para
     int split = en_model_tp_split(name);
     if (r->tp == 1 || split == 0) {
         memcpy(dst, whole, ne * sizeof(float));
+    } else if (split == 1 && en_model_is_vocab_tensor(name)) {
+        /* this rank's vocab rows; past vocab_size (padding) zero */
+        size_t v0 = (size_t)r->tp_rank * ne, have = v0 >= fs->n_elem ? 0 : fs->n_elem - v0;
+        if (have > ne) have = ne;
+        memcpy(dst, whole + v0, have * sizeof(float));
+        memset(dst + have, 0, (ne - have) * sizeof(float));
     } else if (split == 1) {
         int parts, idx;
         en_model_tp_row_block(r->model, name, &parts, &idx);
@@ -889,7 +899,9 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         r->full_p = en_calloc(r->n_full, sizeof(float));
         r->full_m = en_calloc(r->n_full, sizeof(float));
         r->full_v = en_calloc(r->n_full, sizeof(float));
-        /* an all-gather of a replicated kv tensor is kv_rep times its size */
+        /* an all-gather of a replicated kv tensor is kv_rep times its size,
+         * of a padded vocabulary up to tp - 1 rows more */
+        big += (size_t)r->tp * (size_t)hp->n_embd;
         r->tp_tmp = en_malloc(big * (size_t)en_model_kv_rep(r->model) * sizeof(float));
         if (!r->full_p || !r->full_m || !r->full_v || !r->tp_tmp) {
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for tensor-parallel checkpoints");

@@ -196,15 +196,18 @@ void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits,
     }
     /* Vocab-parallel output: each rank computes its V/tp columns; the
      * all-gather gives (rank, row, V/tp), put back in (row, V) order. */
-    const int Vl = hl->n_vocab;
+    const int Vl = hl->n_vocab, V = hp->n_vocab;
     en_op_matmul(be, c->lg_local, c->xn, m->lm_head, NULL, nr, Vl, C);
-    float *all = nr == 1 ? logits : c->lg_gather; /* one row is already in order */
+    /* one row without padding is already in order */
+    float *all = nr == 1 && Vl * m->tp_size == V ? logits : c->lg_gather;
     en_err err = {0};
     if (en_comm_allgather(m->comm, EN_GROUP_TP, c->lg_local, all, (size_t)nr * Vl, &err) != EN_OK)
         en_abort(__FILE__, __LINE__, err.msg);
-    if (nr > 1)
-        for (int r = 0; r < m->tp_size; r++)
-            for (int t = 0; t < nr; t++)
-                memcpy(logits + (size_t)t * hp->n_vocab + (size_t)r * Vl,
-                       all + ((size_t)r * nr + t) * Vl, (size_t)Vl * sizeof(float));
+    if (all != logits)
+        for (int r = 0; r < m->tp_size; r++) {
+            int cols = V - r * Vl < Vl ? V - r * Vl : Vl; /* the padding is dropped */
+            for (int t = 0; t < nr && cols > 0; t++)
+                memcpy(logits + (size_t)t * V + (size_t)r * Vl, all + ((size_t)r * nr + t) * Vl,
+                       (size_t)cols * sizeof(float));
+        }
 }

@@ -48,6 +48,12 @@ static int tp_split_dim(const char *name) {
     return 0;
 }
 
+static int is_vocab_tensor(const char *name) {
+    size_t n = strlen(name);
+    return (n >= 19 && strcmp(name + n - 19, "embed_tokens.weight") == 0) ||
+           (n >= 14 && strcmp(name + n - 14, "lm_head.weight") == 0);
+}
+
 /* The shard sizes for tp ranks, or an error naming what does not divide. */
 static en_status tp_local_hparams(const en_model_hparams *hp, int tp, const char *path,
                                   en_model_hparams *hl, int *kv_rep, en_err *err) {
@@ -61,20 +67,21 @@ static en_status tp_local_hparams(const en_model_hparams *hp, int tp, const char
         hl->n_kv_head = tp; /* divided to 1 below */
     }
     static const char *const what[] = {"num_attention_heads", "num_key_value_heads",
-                                       "intermediate_size", "vocab_size"};
-    const int val[] = {hp->n_head, hl->n_kv_head, hp->n_ff, hp->n_vocab};
-    for (int i = 0; i < 4; i++)
+                                       "intermediate_size"};
+    const int val[] = {hp->n_head, hl->n_kv_head, hp->n_ff};
+    for (int i = 0; i < 3; i++)
         if (val[i] % tp != 0)
             return EN_ERR(err, EN_ERR_ARG,
                           "%s: tensor-parallel size %d does not divide %s %d%s", path, tp,
                           what[i], val[i],
                           i == 1 ? " (nor is it a multiple of it, so kv heads cannot be replicated)"
-                          : i == 3 ? " (vocabulary padding is not supported yet)"
-                                   : "");
+                                 : "");
     hl->n_head /= tp;
     hl->n_kv_head /= tp;
     hl->n_ff /= tp;
-    hl->n_vocab /= tp;
+    /* The vocabulary is padded to a multiple of tp: the last rank's rows past
+     * vocab_size are zero and masked out of the loss and the logits. */
+    hl->n_vocab = (hp->n_vocab + tp - 1) / tp;
     return EN_OK;
 }
 
@@ -255,6 +262,7 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         int parts, idx;
         en_model_tp_row_block(m, sp->name, &parts, &idx);
         int64_t full0 = sp->shape[0] * (split == 1 ? parts : 1);
+        if (split == 1 && is_vocab_tensor(sp->name)) full0 = m->hp.n_vocab; /* padded */
         int64_t full1 = sp->shape[1] * (split == 2 ? m->tp_size : 1);
         int shape_ok = t->n_dims == sp->n_dims && t->shape[0] == full0 &&
                        (sp->n_dims == 1 || t->shape[1] == full1);
@@ -296,7 +304,16 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         if (s != EN_OK) goto fail;
         int split = m->tp_size > 1 ? tp_split_dim(sp->name) : 0;
         const float *src = staging;
-        if (split == 1) { /* rows: one contiguous block */
+        if (split == 1 && is_vocab_tensor(sp->name)) {
+            /* vocab rows [r*Vl, (r+1)*Vl), zero past vocab_size (padding) */
+            size_t Vl = (size_t)m->hl.n_vocab, C = (size_t)sp->shape[1];
+            size_t v0 = (size_t)m->tp_rank * Vl, V = (size_t)m->hp.n_vocab;
+            size_t have = v0 >= V ? 0 : (V - v0 < Vl ? V - v0 : Vl);
+            float *dst = staging + (size_t)t->n_elem;
+            memcpy(dst, staging + v0 * C, have * C * sizeof(float));
+            memset(dst + have * C, 0, (Vl - have) * C * sizeof(float));
+            src = dst;
+        } else if (split == 1) { /* rows: one contiguous block */
             int parts, idx;
             en_model_tp_row_block(m, sp->name, &parts, &idx);
             src = staging + (size_t)idx * sp->n_elem;
@@ -342,6 +359,8 @@ int en_model_tp_size(const en_model *m) { return m->tp_size; }
 int en_model_tp_rank(const en_model *m) { return m->tp_rank; }
 int en_model_tp_split(const char *name) { return tp_split_dim(name); }
 int en_model_kv_rep(const en_model *m) { return m->kv_rep; }
+
+int en_model_is_vocab_tensor(const char *name) { return is_vocab_tensor(name); }
 
 static int is_kv_tensor(const char *name) {
     return strstr(name, "k_proj.") != NULL || strstr(name, "v_proj.") != NULL;
@@ -452,7 +471,7 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
     if (m->tp_size > 1) {
         c->ids_local = en_malloc(B * sizeof(int32_t));
         c->lg_local = en_malloc(B * (size_t)hl->n_vocab * sizeof(float));
-        c->lg_gather = en_malloc(B * (size_t)hp->n_vocab * sizeof(float));
+        c->lg_gather = en_malloc(B * (size_t)hl->n_vocab * (size_t)m->tp_size * sizeof(float));
     }
     c->logits = en_malloc(B * (size_t)hp->n_vocab * sizeof(float));
     c->nll = en_malloc(B * sizeof(float));

@@ -68,7 +68,8 @@ typedef struct en_model_params {
      * embedding, logits gathered for sampling, vocab-parallel cross-entropy
      * in training. When there are fewer kv heads than ranks (and the ranks
      * are a multiple of them) each kv head is replicated on the ranks whose
-     * query heads use it. Not yet: vocabulary padding. */
+     * query heads use it. A vocabulary that tp does not divide is padded
+     * (zero rows, masked out of the loss and the logits). */
     int tp_rank, tp_size;
     /* The communicator whose TP group holds the tp_size ranks (borrowed;
      * must outlive the model). Needed for the forward when tp_size > 1. */
@@ -102,6 +103,9 @@ void en_model_tp_row_block(const en_model *m, const char *name, int *parts, int 
  * 1 otherwise; their gradients are summed (en_train_reduce_grads). */
 int en_model_tp_replicas(const en_model *m, const char *name);
 int en_model_kv_rep(const en_model *m);
+/* 1 for the embedding and output matrices (vocab-parallel, padded to a
+ * multiple of tp: rows past vocab_size are zero and masked). */
+int en_model_is_vocab_tensor(const char *name);
 size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per token */
 
 /* Borrowed pointer to a named parameter (Hugging Face name) and its element

@@ -347,11 +347,13 @@ static void vocab_parallel_ce(en_train *t, const int32_t *tg, int rows, int back
                               float grad_scale, double *sum, int64_t *count) {
     const en_model *m = t->m;
     const int Vl = m->hl.n_vocab, v0 = m->tp_rank * Vl;
+    /* columns past vocab_size are padding: out of the softmax */
+    const int Vv = m->hp.n_vocab - v0 < Vl ? (m->hp.n_vocab - v0 > 0 ? m->hp.n_vocab - v0 : 0) : Vl;
     en_err err = {0};
     for (int i = 0; i < rows; i++) {
         const float *l = t->logits + (size_t)i * Vl;
-        float mx = l[0];
-        for (int j = 1; j < Vl; j++) mx = l[j] > mx ? l[j] : mx;
+        float mx = -INFINITY;
+        for (int j = 0; j < Vv; j++) mx = l[j] > mx ? l[j] : mx;
         t->ce_max[i] = mx;
     }
     if (en_comm_allreduce_max(m->comm, EN_GROUP_TP, t->ce_max, (size_t)rows, &err) != EN_OK)
@@ -359,7 +361,7 @@ static void vocab_parallel_ce(en_train *t, const int32_t *tg, int rows, int back
     for (int i = 0; i < rows; i++) {
         const float *l = t->logits + (size_t)i * Vl;
         double se = 0;
-        for (int j = 0; j < Vl; j++) se += exp((double)l[j] - t->ce_max[i]);
+        for (int j = 0; j < Vv; j++) se += exp((double)l[j] - t->ce_max[i]);
         t->ce_sum[i] = (float)se;
         int local = tg[i] - v0;
         t->ce_tl[i] = tg[i] >= 0 && local >= 0 && local < Vl ? l[local] : 0.0f;
@@ -379,8 +381,9 @@ static void vocab_parallel_ce(en_train *t, const int32_t *tg, int rows, int back
             continue;
         }
         const double inv = 1.0 / t->ce_sum[i];
-        for (int j = 0; j < Vl; j++)
+        for (int j = 0; j < Vv; j++)
             l[j] = (float)(grad_scale * (exp((double)l[j] - t->ce_max[i]) * inv));
+        for (int j = Vv; j < Vl; j++) l[j] = 0.0f;
         int local = tg[i] - v0;
         if (local >= 0 && local < Vl) l[local] -= grad_scale;
     }

@@ -167,6 +167,35 @@ if awk -v a="$e1" -v b="$e3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0
 else
     echo "FAIL tp2 final model: $e3 vs $e1"; fail=$((fail + 1))
 fi
+# a vocabulary tp does not divide (301 words; untied output matrix): padded
+echo '{"model_type":"llama","hidden_size":48,"intermediate_size":96,"num_hidden_layers":2,
+ "num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":64,
+ "vocab_size":301,"tie_word_embeddings":false}' >"$T/cfg301.json"
+"$ENERGON" init --config "$T/cfg301.json" --tokenizer "$T/tok.model" --out "$T/base301" >/dev/null 2>&1
+PARGS=("${ARGS[@]}")
+PARGS[1]="$T/base301"
+"$ENERGON" finetune "${PARGS[@]}" --out "$T/pref" >"$T/pref.log" 2>&1 || { echo "FAIL vocab-301 reference"; fail=$((fail + 1)); }
+mv "$T/ref" "$T/ref_keep" && cp -r "$T/pref" "$T/ref"
+"${MPI[@]}" -np 2 "$ENERGON" finetune "${PARGS[@]}" --tp 2 --out "$T/ptp2" >"$T/ptp2.log" 2>&1
+compare "tp2 with vocab 301 (padded to 302)" "$T/ptp2"
+"${MPI[@]}" -np 4 "$ENERGON" finetune "${PARGS[@]}" --tp 4 --sequence-parallel --out "$T/ptp4" >"$T/ptp4.log" 2>&1
+compare "tp4 + SP with vocab 301 (padded to 304)" "$T/ptp4"
+rm -rf "$T/ref" && mv "$T/ref_keep" "$T/ref"
+g1=$("$ENERGON" generate --model "$T/pref/model" --prompt "Shipment 7 left dock" --temperature 0 --max-tokens 24 --ignore-eos --json 2>/dev/null | grep -o '"ids":\[[0-9,]*\]')
+g4=$("${MPI[@]}" -np 4 "$ENERGON" generate --model "$T/pref/model" --prompt "Shipment 7 left dock" --temperature 0 --max-tokens 24 --ignore-eos --json --tp 4 2>/dev/null | grep -o '"ids":\[[0-9,]*\]')
+if [ -n "$g1" ] && [ "$g1" = "$g4" ]; then
+    echo "  ok generate --tp 4 with a padded vocabulary: the same greedy ids"; pass=$((pass + 1))
+else
+    echo "FAIL generate --tp 4 padded: '$g1' vs '$g4'"; fail=$((fail + 1))
+fi
+e1=$("$ENERGON" eval --model "$T/pref/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
+e4=$("$ENERGON" eval --model "$T/ptp4/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
+if awk -v a="$e1" -v b="$e4" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }'; then
+    echo "  ok the tp4 run's final model (padding dropped) scores $e4 (one process's: $e1)"; pass=$((pass + 1))
+else
+    echo "FAIL padded tp4 final model: $e4 vs $e1"; fail=$((fail + 1))
+fi
+
 # LoRA under tensor parallelism (adapters shard with the layers they adapt)
 LARGS=("${ARGS[@]}" --lora-rank 4 --lora-targets q,k,v,o,gate,up,down --lr 5e-3)
 "$ENERGON" finetune "${LARGS[@]}" --out "$T/lref" >"$T/lref.log" 2>&1 || { echo "FAIL LoRA reference"; tail -3 "$T/lref.log"; fail=$((fail + 1)); }
