@@ -135,7 +135,15 @@ en_status en_comm_allgather(en_comm *c, en_group g, const float *send, float *re
     EN_ASSERT(send == own || !overlaps(send, n_per_rank * sizeof(float), recv,
                                        size * n_per_rank * sizeof(float)));
     if (size == 1) {
-        if (send != recv) memcpy(recv, send, n_per_rank * sizeof(float));
+        if (send != recv) {
+            if (c->ops->copy)
+                c->ops->copy(c, recv, send, n_per_rank * sizeof(float));
+            else
+                if (c->ops->copy)
+            c->ops->copy(c, recv, send, n_per_rank * sizeof(float));
+        else
+            memcpy(recv, send, n_per_rank * sizeof(float));
+        }
         return EN_OK;
     }
     return c->ops->allgather(c, g, send, recv, n_per_rank, err);
@@ -153,7 +161,10 @@ en_status en_comm_reduce_scatter_sum(en_comm *c, en_group g, const float *send, 
     EN_ASSERT(!overlaps(send, size * n_per_rank * sizeof(float), recv,
                         n_per_rank * sizeof(float)));
     if (size == 1) {
-        memcpy(recv, send, n_per_rank * sizeof(float));
+        if (c->ops->copy)
+            c->ops->copy(c, recv, send, n_per_rank * sizeof(float));
+        else
+            memcpy(recv, send, n_per_rank * sizeof(float));
         return EN_OK;
     }
     return c->ops->reduce_scatter_sum(c, g, send, recv, n_per_rank, err);
@@ -179,3 +190,17 @@ en_status en_comm_agree(en_comm *c, en_status local, en_err *err) {
     if (c->size[EN_GROUP_WORLD] == 1) return local;
     return c->ops->agree(c, local, err);
 }
+
+#ifndef ENERGON_NCCL
+en_status en_comm_create_nccl(en_comm *mpi, int device, void *stream, double timeout_s,
+                              en_comm **out, en_err *err) {
+    (void)mpi;
+    (void)device;
+    (void)stream;
+    (void)timeout_s;
+    if (out) *out = NULL;
+    return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                  "this energon was built without NCCL (needs the CUDA toolkit's NCCL and "
+                  "ENERGON_CUDA=ON)");
+}
+#endif

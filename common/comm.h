@@ -132,6 +132,18 @@ en_status en_comm_create_mpi(const en_comm_config *cfg, en_comm **out, en_err *e
  * the environment, so the core must not call it (STYLE.md section 6). */
 int en_comm_launched_by_mpi(void);
 
+/* NCCL on GPU buffers (builds with CUDA and NCCL): the same world, TP and DP
+ * groups as `mpi` (borrowed, must outlive the result), each process driving
+ * GPU `device`. The NCCL communicators are made from unique ids broadcast
+ * over the MPI groups. Collectives are enqueued on `stream` (a cudaStream_t;
+ * NULL = the default stream) and waited for, polling, at most timeout_s
+ * (0 = 300 s): a collective that does not finish aborts the communicators
+ * and returns EN_ERR_COMM naming the rank, the operation and the group.
+ * en_comm_agree goes through `mpi` (statuses live on the host). Without
+ * NCCL in the build: EN_ERR_UNSUPPORTED. */
+en_status en_comm_create_nccl(en_comm *mpi, int device, void *stream, double timeout_s,
+                              en_comm **out, en_err *err);
+
 /* Stops the watchdog, frees the groups and, when this object initialised
  * MPI, calls MPI_Finalize (which waits for every rank to get there). NULL is
  * a no-op. */

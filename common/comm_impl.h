@@ -11,7 +11,7 @@
  *    comm.h hold (all-gather in place means send == recv + rank * n);
  *  - en_comm_agree is only forwarded when the world has >= 2 ranks.
  * Implementations: comm.c (single process: never reaches the table's
- * collectives, every group has one rank) and comm_mpi.c. Only those files,
+ * collectives, every group has one rank), comm_mpi.c and comm_nccl.c. Only those files,
  * comm.c and white-box tests include this header.
  */
 #ifndef EN_COMM_IMPL_H
@@ -37,6 +37,10 @@ typedef struct en_comm_ops {
                            en_err *err);
     en_status (*barrier)(en_comm *c, en_group g, en_err *err);
     en_status (*agree)(en_comm *c, en_status local, en_err *err);
+    /* Copy between this communicator's buffers (the size-1 group paths of
+     * all-gather and reduce-scatter); NULL means host memcpy. NCCL's
+     * buffers live on the GPU. */
+    void (*copy)(en_comm *c, void *dst, const void *src, size_t bytes);
 } en_comm_ops;
 
 struct en_comm {
