@@ -489,35 +489,23 @@ static en_status save_checkpoint(run *r, en_err *err) {
         en_free(path);
         if (s == EN_OK) s = en_ckpt_add_existing(w, "model.safetensors", err);
     }
-    /* optimizer moments */
-    if (s == EN_OK && r->tp > 1) {
-        int nf = r->n_full_specs;
-        char(*mn)[160] = en_calloc((size_t)nf * 2, 160);
-        en_st_writer_item *all = en_calloc((size_t)nf * 2, sizeof *all);
-        en_st_writer_item *im = mn ? full_items(r, r->full_m, "m.", mn, 0) : NULL;
-        en_st_writer_item *iv = mn ? full_items(r, r->full_v, "v.", mn + nf, 0) : NULL;
+    /* optimizer moments: whole tensors under tensor parallelism */
+    if (s == EN_OK) {
+        const int tpw = r->tp > 1, nn = tpw ? r->n_full_specs : n;
+        char(*mn)[160] = en_calloc((size_t)nn * 2, 160);
+        en_st_writer_item *all = en_calloc((size_t)nn * 2, sizeof *all);
+        en_st_writer_item *im = !mn ? NULL
+                                : tpw ? full_items(r, r->full_m, "m.", mn, 0)
+                                      : param_items(r, mfull, "m.", mn);
+        en_st_writer_item *iv = !mn ? NULL
+                                : tpw ? full_items(r, r->full_v, "v.", mn + nn, 0)
+                                      : param_items(r, vfull, "v.", mn + nn);
         if (!mn || !all || !im || !iv) {
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         } else {
-            memcpy(all, im, (size_t)nf * sizeof *all);
-            memcpy(all + nf, iv, (size_t)nf * sizeof *all);
-            s = en_ckpt_write_safetensors(w, "optimizer.safetensors", all, 2 * nf, err);
-        }
-        en_free(mn);
-        en_free(all);
-        en_free(im);
-        en_free(iv);
-    } else if (s == EN_OK) {
-        char(*mn)[160] = en_calloc((size_t)n * 2, 160);
-        en_st_writer_item *all = en_calloc((size_t)n * 2, sizeof *all);
-        en_st_writer_item *im = mn ? param_items(r, mfull, "m.", mn) : NULL;
-        en_st_writer_item *iv = mn ? param_items(r, vfull, "v.", mn + n) : NULL;
-        if (!mn || !all || !im || !iv) {
-            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-        } else {
-            memcpy(all, im, (size_t)n * sizeof *all);
-            memcpy(all + n, iv, (size_t)n * sizeof *all);
-            s = en_ckpt_write_safetensors(w, "optimizer.safetensors", all, 2 * n, err);
+            memcpy(all, im, (size_t)nn * sizeof *all);
+            memcpy(all + nn, iv, (size_t)nn * sizeof *all);
+            s = en_ckpt_write_safetensors(w, "optimizer.safetensors", all, 2 * nn, err);
         }
         en_free(mn);
         en_free(all);

@@ -49,6 +49,22 @@ static void linear_row_tp_fwd(const en_model *m, float *y, const float *x, const
     en_op_add(be, y, y, tmp, (size_t)M * N);
 }
 
+/* x += the row-parallel layer's output in a->proj (n rows, a partial sum
+ * per tensor-parallel rank): all-reduce it, or with sequence parallelism
+ * reduce-scatter it to this rank's nx rows of x. */
+static void residual_add_row_parallel(const en_model *m, const en_layer_acts *a, float *x, int n,
+                                      int nx) {
+    const size_t C = (size_t)m->hp.n_embd;
+    const float *po = a->proj;
+    if (a->sp) {
+        en_model_tp_reduce_scatter(m, a->proj, a->xg, (size_t)nx * C);
+        po = a->xg;
+    } else {
+        en_model_tp_allreduce(m, a->proj, (size_t)n * C);
+    }
+    en_op_add(m->be, x, x, po, (size_t)nx * C);
+}
+
 void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
                         float *kc, float *vc, int p0, const en_layer_acts *a) {
     en_backend *be = m->be;
@@ -92,16 +108,8 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
                             hp->sliding_window);
     }
     linear_row_tp_fwd(m, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
-    /* row-parallel o_proj: each rank holds a partial sum over its heads;
-     * all-reduce, or with sequence parallelism reduce-scatter to nx rows */
-    float *po = a->proj;
-    if (a->sp) {
-        en_model_tp_reduce_scatter(m, a->proj, a->xg, (size_t)nx * C);
-        po = a->xg;
-    } else {
-        en_model_tp_allreduce(m, a->proj, (size_t)n * C);
-    }
-    en_op_add(be, x, x, po, (size_t)nx * C);
+    /* row-parallel o_proj: each rank holds a partial sum over its heads */
+    residual_add_row_parallel(m, a, x, n, nx);
     if (a->x_mid) memcpy(a->x_mid, x, (size_t)nx * C * sizeof(float));
 
     /* MLP block (SwiGLU) */
@@ -116,14 +124,7 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
     linear_row_tp_fwd(m, a->proj, a->h, w->w_down, NULL, LP(6), s, a->lora_u, a->tmp, n, C, F);
     /* row-parallel down_proj: partial sum over this rank's slice of F */
-    po = a->proj;
-    if (a->sp) {
-        en_model_tp_reduce_scatter(m, a->proj, a->xg, (size_t)nx * C);
-        po = a->xg;
-    } else {
-        en_model_tp_allreduce(m, a->proj, (size_t)n * C);
-    }
-    en_op_add(be, x, x, po, (size_t)nx * C);
+    residual_add_row_parallel(m, a, x, n, nx);
 #undef LP
 }
 
