@@ -389,6 +389,29 @@ static void vocab_parallel_ce(en_train *t, const int32_t *tg, int rows, int back
     }
 }
 
+/* Sequence parallelism's conjugate pair in the backward pass (no-ops
+ * without it, where every rank holds all N rows):
+ * rows_all: the N rows of a buffer this rank holds Nl rows of (all-gather
+ *           into `full`), or `local` itself;
+ * sum_rows: a partial (N, C) gradient summed over the tensor-parallel
+ *           group: reduce-scattered into this rank's rows (t->dxl), or
+ *           all-reduced in place. */
+static const float *rows_all(en_train *t, const float *local, float *full) {
+    if (!t->sp) return local;
+    en_model_tp_allgather(t->m, local, full, (size_t)t->Nl * (size_t)t->m->hp.n_embd);
+    return full;
+}
+
+static const float *sum_rows(en_train *t, float *partial) {
+    const size_t C = (size_t)t->m->hp.n_embd;
+    if (t->sp) {
+        en_model_tp_reduce_scatter(t->m, partial, t->dxl, (size_t)t->Nl * C);
+        return t->dxl;
+    }
+    en_model_tp_allreduce(t->m, partial, (size_t)t->N * C);
+    return partial;
+}
+
 static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets, int backward,
                      float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err) {
     EN_TRY(check_batch(t, inputs, targets, err));
@@ -451,13 +474,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     *n_tokens = count;
     if (!backward) return EN_OK;
     /* each rank's vocab rows gave part of d(xf): sum (SP: into our rows) */
-    const float *dxf = t->dxf;
-    if (t->sp) {
-        en_model_tp_reduce_scatter(m, t->dxf, t->dxl, (size_t)Nx * C);
-        dxf = t->dxl;
-    } else {
-        en_model_tp_allreduce(m, t->dxf, (size_t)N * C);
-    }
+    const float *dxf = sum_rows(t, t->dxf);
 
     /* ---- backward ---- */
     zero(t->dx, (size_t)Nx * C);
@@ -479,11 +496,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
          * holds our rows; the row-parallel layers' backward needs all rows
          * (all-gather), the column-parallel input gradients are summed into
          * our rows (reduce-scatter), and the norms' inputs are re-gathered. */
-        const float *dy = t->dx, *xn;
-        if (t->sp) {
-            en_model_tp_allgather(m, t->dx, t->dfull, (size_t)Nx * C);
-            dy = t->dfull;
-        }
+        const float *dy = rows_all(t, t->dx, t->dfull);
         /* MLP: x_out = x_mid + down(h), h = silu(gate) * up */
         zero(t->dh, (size_t)N * F);
         linear_bwd(t, t->dh, gw(t, w->w_down), NULL, dy, a->h, w->w_down, LP(6), N, C, F, 1);
@@ -491,29 +504,15 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         zero(t->dup, (size_t)N * F);
         en_op_swiglu_bwd(be, t->dgate, t->dup, t->dh, a->gate, a->up, (size_t)N * F);
         zero(t->dxn, (size_t)N * C);
-        xn = a->xn2;
-        if (t->sp) {
-            en_model_tp_allgather(m, a->xn2, t->xg, (size_t)Nx * C);
-            xn = t->xg;
-        }
+        const float *xn = rows_all(t, a->xn2, t->xg);
         linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, xn, w->w_gate, LP(4), N, F, C, 0);
         linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, xn, w->w_up, LP(5), N, F, C, 0);
         /* column-parallel gate/up: the input gradient sums over ranks */
-        const float *dxn = t->dxn;
-        if (t->sp) {
-            en_model_tp_reduce_scatter(m, t->dxn, t->dxl, (size_t)Nx * C);
-            dxn = t->dxl;
-        } else {
-            en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
-        }
+        const float *dxn = sum_rows(t, t->dxn);
         en_op_rmsnorm_bwd(be, t->dx, gw(t, w->ffn_norm), dxn, a->x_mid, w->ffn_norm,
                           hp->norm_eps, Nx, C);
         /* attention: x_mid = x_in + o(att) */
-        dy = t->dx;
-        if (t->sp) {
-            en_model_tp_allgather(m, t->dx, t->dfull, (size_t)Nx * C);
-            dy = t->dfull;
-        }
+        dy = rows_all(t, t->dx, t->dfull);
         zero(t->datt, (size_t)N * QD);
         linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), dy, a->att, w->wo, LP(3), N, C, QD, 1);
         zero(t->dq, (size_t)N * QD);
@@ -536,22 +535,12 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         en_op_rope_bwd(be, t->dq, t->pos, N, H, D, (size_t)QD, hp->rope_theta);
         en_op_rope_bwd(be, t->dk, t->pos, N, Hkv, D, (size_t)KVD, hp->rope_theta);
         zero(t->dxn, (size_t)N * C);
-        xn = a->xn1;
-        if (t->sp) {
-            en_model_tp_allgather(m, a->xn1, t->xg, (size_t)Nx * C);
-            xn = t->xg;
-        }
+        xn = rows_all(t, a->xn1, t->xg);
         linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, xn, w->wq, LP(0), N, QD, C, 0);
         linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, xn, w->wk, LP(1), N, KVD, C, 0);
         linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, xn, w->wv, LP(2), N, KVD, C, 0);
         /* column-parallel q/k/v: the input gradient sums over ranks */
-        dxn = t->dxn;
-        if (t->sp) {
-            en_model_tp_reduce_scatter(m, t->dxn, t->dxl, (size_t)Nx * C);
-            dxn = t->dxl;
-        } else {
-            en_model_tp_allreduce(m, t->dxn, (size_t)N * C);
-        }
+        dxn = sum_rows(t, t->dxn);
         en_op_rmsnorm_bwd(be, t->dx, gw(t, w->attn_norm), dxn, a->x_in, w->attn_norm,
                           hp->norm_eps, Nx, C);
 #undef LP
