@@ -53,6 +53,33 @@ compare() {
     fi
 }
 
+# resume_in NAME SRC TAG NP [FLAGS...]: copy run SRC, drop its last
+# checkpoint, resume it on NP processes (1: without mpirun) with FLAGS, and
+# compare its losses with the reference's
+resume_in() {
+    local name=$1 src=$2 d="$T/resume_$3" np=$4
+    shift 4
+    local launch=()
+    [ "$np" -gt 1 ] && launch=("${MPI[@]}" -np "$np")
+    cp -r "$src" "$d"
+    rm -rf "$d/checkpoints/step-00000010"
+    "${launch[@]}" "$ENERGON" finetune --resume "$d" --threads 1 "$@" >"$d.log" 2>&1
+    if grep -q "resuming from .*step-00000005" "$d.log"; then
+        compare "$name" "$d"
+    else
+        echo "FAIL $name: did not resume from step 5"; tail -3 "$d.log"; fail=$((fail + 1))
+    fi
+}
+# same_nll NAME A B: two eval nll figures within 1e-5 relative
+same_nll() {
+    if awk -v a="$2" -v b="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }'; then
+        echo "  ok $1: nll $3 (one process: $2)"; pass=$((pass + 1))
+    else
+        echo "FAIL $1: nll $3 vs $2"; fail=$((fail + 1))
+    fi
+}
+nll_of() { "$@" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/'; }
+
 "$ENERGON" finetune "${ARGS[@]}" --out "$T/ref" >"$T/ref.log" 2>&1 || { echo "FAIL reference"; tail -3 "$T/ref.log"; exit 1; }
 "${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --out "$T/dp2" >"$T/dp2.log" 2>&1
 compare "dp2" "$T/dp2"
@@ -65,16 +92,8 @@ grep -q "ZeRO-1: each rank keeps 1/D" "$T/dp2z.log" && grep -q "global batch = 2
 compare "dp4 + ZeRO-1" "$T/dp4"
 
 # layout-free checkpoints: drop the last checkpoint and resume under another layout
-cp -r "$T/dp2z" "$T/dp2z_to_1"
-rm -rf "$T/dp2z_to_1/checkpoints/step-00000010"
-"$ENERGON" finetune --resume "$T/dp2z_to_1" --threads 1 >"$T/r1.log" 2>&1
-grep -q "resuming from .*step-00000005" "$T/r1.log" && compare "dp2 + ZeRO-1 run resumed by one process" "$T/dp2z_to_1" ||
-    { echo "FAIL resume dp2z -> 1"; tail -3 "$T/r1.log"; fail=$((fail + 1)); }
-cp -r "$T/ref" "$T/one_to_dp2z"
-rm -rf "$T/one_to_dp2z/checkpoints/step-00000010"
-"${MPI[@]}" -np 2 "$ENERGON" finetune --resume "$T/one_to_dp2z" --threads 1 --zero 1 >"$T/r2.log" 2>&1
-grep -q "resuming from .*step-00000005" "$T/r2.log" && compare "one-process run resumed under dp2 + ZeRO-1" "$T/one_to_dp2z" ||
-    { echo "FAIL resume 1 -> dp2z"; tail -3 "$T/r2.log"; fail=$((fail + 1)); }
+resume_in "dp2 + ZeRO-1 run resumed by one process" "$T/dp2z" r1 1
+resume_in "one-process run resumed under dp2 + ZeRO-1" "$T/ref" r2 2 --zero 1
 
 # tensor-parallel inference: greedy ids and eval nll equal one process
 one=$("$ENERGON" generate --model "$T/ref/model" --prompt "Shipment 7 left dock" --temperature 0 --max-tokens 24 --ignore-eos --json 2>/dev/null)
@@ -86,13 +105,9 @@ if [ -n "$ids1" ] && [ "$ids1" = "$ids2" ]; then
 else
     echo "FAIL generate --tp 2: '$ids1' vs '$ids2'"; fail=$((fail + 1))
 fi
-e1=$("$ENERGON" eval --model "$T/ref/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-e2=$("${MPI[@]}" -np 2 "$ENERGON" eval --model "$T/ref/model" --data "$T/docs.txt" --json --tp 2 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-if awk -v a="$e1" -v b="$e2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }'; then
-    echo "  ok eval --tp 2: nll $e2 vs one process $e1"; pass=$((pass + 1))
-else
-    echo "FAIL eval --tp 2: $e2 vs $e1"; fail=$((fail + 1))
-fi
+e1=$(nll_of "$ENERGON" eval --model "$T/ref/model" --data "$T/docs.txt")
+e2=$(nll_of "${MPI[@]}" -np 2 "$ENERGON" eval --model "$T/ref/model" --data "$T/docs.txt" --tp 2)
+same_nll "eval --tp 2 equals one process" "$e1" "$e2"
 # 2 kv heads on 4 ranks: each kv head replicated on 2 ranks
 four=$("${MPI[@]}" -np 4 "$ENERGON" generate --model "$T/ref/model" --prompt "Shipment 7 left dock" --temperature 0 --max-tokens 24 --ignore-eos --json --tp 4 2>/dev/null)
 ids4=$(echo "$four" | grep -o '"ids":\[[0-9,]*\]')
@@ -144,29 +159,13 @@ fi
 "${MPI[@]}" -np 4 "$ENERGON" finetune "${ARGS[@]}" --tp 4 --sequence-parallel --out "$T/tp4sp" >"$T/tp4sp.log" 2>&1
 compare "tp4 + sequence parallel (kv heads replicated)" "$T/tp4sp"
 # layout-free: a tp2 x dp2 checkpoint resumed by one process, and the reverse with tp2
-cp -r "$T/tp2dp2" "$T/tp_to_1"
-rm -rf "$T/tp_to_1/checkpoints/step-00000010"
-"$ENERGON" finetune --resume "$T/tp_to_1" --threads 1 >"$T/r3.log" 2>&1
-grep -q "resuming from .*step-00000005" "$T/r3.log" && compare "tp2 x dp2 run resumed by one process" "$T/tp_to_1" ||
-    { echo "FAIL resume tp2dp2 -> 1"; tail -3 "$T/r3.log"; fail=$((fail + 1)); }
-cp -r "$T/ref" "$T/one_to_tp2"
-rm -rf "$T/one_to_tp2/checkpoints/step-00000010"
-"${MPI[@]}" -np 2 "$ENERGON" finetune --resume "$T/one_to_tp2" --threads 1 --tp 2 >"$T/r4.log" 2>&1
-grep -q "resuming from .*step-00000005" "$T/r4.log" && compare "one-process run resumed under tp2" "$T/one_to_tp2" ||
-    { echo "FAIL resume 1 -> tp2"; tail -3 "$T/r4.log"; fail=$((fail + 1)); }
-cp -r "$T/tp4sp" "$T/tp4_to_1"
-rm -rf "$T/tp4_to_1/checkpoints/step-00000010"
-"$ENERGON" finetune --resume "$T/tp4_to_1" --threads 1 >"$T/r5.log" 2>&1
-grep -q "resuming from .*step-00000005" "$T/r5.log" && compare "tp4 + SP run (replicated kv heads) resumed by one process" "$T/tp4_to_1" ||
-    { echo "FAIL resume tp4 -> 1"; tail -3 "$T/r5.log"; fail=$((fail + 1)); }
+resume_in "tp2 x dp2 run resumed by one process" "$T/tp2dp2" r3 1
+resume_in "one-process run resumed under tp2" "$T/ref" r4 2 --tp 2
+resume_in "tp4 + SP run (replicated kv heads) resumed by one process" "$T/tp4sp" r5 1
 # the final model of a tp2 run is a whole Hugging Face model: same eval as one process's
-e1=$("$ENERGON" eval --model "$T/ref/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-e3=$("$ENERGON" eval --model "$T/tp2/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-if awk -v a="$e1" -v b="$e3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }'; then
-    echo "  ok the tp2 run's exported model scores $e3 (one process's: $e1)"; pass=$((pass + 1))
-else
-    echo "FAIL tp2 final model: $e3 vs $e1"; fail=$((fail + 1))
-fi
+e1=$(nll_of "$ENERGON" eval --model "$T/ref/model" --data "$T/docs.txt")
+e3=$(nll_of "$ENERGON" eval --model "$T/tp2/model" --data "$T/docs.txt")
+same_nll "the tp2 run's exported model scores like one process's" "$e1" "$e3"
 # a vocabulary tp does not divide (301 words; untied output matrix): padded
 echo '{"model_type":"llama","hidden_size":48,"intermediate_size":96,"num_hidden_layers":2,
  "num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":64,
@@ -188,13 +187,9 @@ if [ -n "$g1" ] && [ "$g1" = "$g4" ]; then
 else
     echo "FAIL generate --tp 4 padded: '$g1' vs '$g4'"; fail=$((fail + 1))
 fi
-e1=$("$ENERGON" eval --model "$T/pref/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-e4=$("$ENERGON" eval --model "$T/ptp4/model" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-if awk -v a="$e1" -v b="$e4" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }'; then
-    echo "  ok the tp4 run's final model (padding dropped) scores $e4 (one process's: $e1)"; pass=$((pass + 1))
-else
-    echo "FAIL padded tp4 final model: $e4 vs $e1"; fail=$((fail + 1))
-fi
+e1=$(nll_of "$ENERGON" eval --model "$T/pref/model" --data "$T/docs.txt")
+e4=$(nll_of "$ENERGON" eval --model "$T/ptp4/model" --data "$T/docs.txt")
+same_nll "the tp4 run's final model (padding dropped) scores like one process's" "$e1" "$e4"
 
 # LoRA under tensor parallelism (adapters shard with the layers they adapt)
 LARGS=("${ARGS[@]}" --lora-rank 4 --lora-targets q,k,v,o,gate,up,down --lr 5e-3)
@@ -207,13 +202,9 @@ compare "LoRA under tp2 x dp2 + sequence parallel + ZeRO-1" "$T/ltp2dp2"
 "${MPI[@]}" -np 4 "$ENERGON" finetune "${LARGS[@]}" --tp 4 --out "$T/ltp4" >"$T/ltp4.log" 2>&1
 compare "LoRA under tp4 (kv heads replicated)" "$T/ltp4"
 rm -rf "$T/ref" && mv "$T/ref_full" "$T/ref"
-la=$("$ENERGON" eval --model "$T/base" --adapter "$T/lref" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-lb=$("$ENERGON" eval --model "$T/base" --adapter "$T/ltp2" --data "$T/docs.txt" --json 2>/dev/null | sed -E 's/.*"nll":([^,]*),.*/\1/')
-if awk -v a="$la" -v b="$lb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }'; then
-    echo "  ok the tp2 run's adapter (gathered, PEFT layout) scores $lb (one process's: $la)"; pass=$((pass + 1))
-else
-    echo "FAIL tp2 adapter eval: $lb vs $la"; fail=$((fail + 1))
-fi
+la=$(nll_of "$ENERGON" eval --model "$T/base" --adapter "$T/lref" --data "$T/docs.txt")
+lb=$(nll_of "$ENERGON" eval --model "$T/base" --adapter "$T/ltp2" --data "$T/docs.txt")
+same_nll "the tp2 run's adapter (gathered, PEFT layout) scores like one process's" "$la" "$lb"
 
 echo "test_parallel: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
