@@ -107,6 +107,33 @@ void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride
     be->ops->attention(be, out, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D, window);
 }
 
+void en_op_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
+                          const float *k, const float *v, size_t kv_stride,
+                          const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
+                          int Hkv, int D, int window) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
+    if (T == 0 || H == 0 || D == 0) return;
+    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
+    EN_ASSERT(q_stride >= (size_t)H * (size_t)D);
+    EN_ASSERT(kv_stride >= (size_t)Hkv * (size_t)D);
+    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
+    for (int s = 0; s < S; s++) EN_ASSERT(kv_rows[s] >= 0);
+    be->ops->attention_rows(be, out, q, q_stride, k, v, kv_stride, kv_rows, pos, T, S, H, Hkv,
+                            D, window);
+}
+
+void en_op_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
+                        const float *src, size_t src_stride, int T, int width) {
+    EN_ASSERT(T >= 0 && width >= 0);
+    if (T == 0 || width == 0) return;
+    EN_ASSERT(dst_stride >= (size_t)width && src_stride >= (size_t)width);
+    for (int t = 0; t < T; t++) EN_ASSERT(rows[t] >= 0);
+    be->ops->rows_scatter(be, dst, dst_stride, rows, src, src_stride, T, width);
+}
+
+void en_backend_set_batch_invariant(en_backend *be, int on) { be->batch_invariant = on != 0; }
+int en_backend_batch_invariant(const en_backend *be) { return be->batch_invariant; }
+
 void en_op_cross_entropy(en_backend *be, float *nll, const float *logits, const int32_t *target,
                          int T, int V) {
     EN_ASSERT(T >= 0 && V >= 0);

@@ -38,6 +38,13 @@ void en_backend_destroy(en_backend *be); /* NULL is a no-op */
 const char *en_backend_name(const en_backend *be);
 int en_backend_n_threads(const en_backend *be);
 
+/* Batch-invariant mode (the server turns it on): every output row of
+ * en_op_matmul is computed with the same fixed-order arithmetic whatever the
+ * number of rows M, so a sequence's results do not depend on what else is
+ * in its batch. Costs prefill speed on the CPU (no BLAS blocking). */
+void en_backend_set_batch_invariant(en_backend *be, int on);
+int en_backend_batch_invariant(const en_backend *be);
+
 /* Buffers. alloc returns NULL when out of memory; memory is zeroed. */
 void *en_backend_alloc(en_backend *be, size_t bytes);
 void en_backend_free(en_backend *be, void *buf); /* NULL is a no-op */
@@ -83,6 +90,19 @@ void en_op_add(en_backend *be, float *y, const float *a, const float *b, size_t 
 void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride,
                      const float *k, const float *v, size_t kv_stride, const int32_t *pos,
                      int T, int S, int H, int Hkv, int D, int window);
+
+/* Attention over rows gathered by index (the paged KV cache): as
+ * en_op_attention, except that key s of this call sits at row kv_rows[s] of
+ * k and v (rows of kv_stride floats), for s < S. */
+void en_op_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
+                          const float *k, const float *v, size_t kv_stride,
+                          const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
+                          int Hkv, int D, int window);
+
+/* Scatter rows: dst row rows[t] (of dst_stride floats) = src row t (of
+ * src_stride floats), width floats each, for t < T. Rows are distinct. */
+void en_op_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
+                        const float *src, size_t src_stride, int T, int width);
 
 /* Per-row negative log-likelihood: nll[t] = logsumexp(logits[t]) - logits[t][target[t]].
  * logits (T, V). Rows whose target is < 0 get nll 0 (ignored positions). */

@@ -153,7 +153,10 @@ static void dot4_f32(const float *x, const float *w0, const float *w1, const flo
 /* Few rows (decode): the product is bound by reading w once, and OpenBLAS's
  * sgemm reaches a fraction of the memory bandwidth there. Split the N
  * output columns (rows of w) across threads in blocks of four and stream
- * each w row once for all M inputs. */
+ * each w row once for all M inputs. Also the batch-invariant matmul for any
+ * M: every y element is one dot4_f32 / dot_f32 call (bit-identical to each
+ * other), whatever M and the thread count; four w rows stay in L1 while all
+ * M x rows pass by. */
 #define CPU_GEMV_MAX_M 4
 
 static void matmul_small_m(en_backend *be, float *y, const float *x, const float *w, int M,
@@ -182,7 +185,7 @@ static void matmul_small_m(en_backend *be, float *y, const float *x, const float
 static void cpu_matmul(en_backend *be, float *y, const float *x, const float *w,
                        const float *bias, int M, int N, int K) {
     cpu_ctx *c = be->ctx;
-    if (K > 0 && M <= CPU_GEMV_MAX_M) {
+    if (K > 0 && (M <= CPU_GEMV_MAX_M || be->batch_invariant)) {
         matmul_small_m(be, y, x, w, M, N, K);
     } else if (K == 0) {
         /* x·w^T is all zeros; BLAS would reject lda = 0. */
@@ -288,10 +291,13 @@ static inline float attn_score(const float *qh, const float *kh, int D, float sc
  * key 0. sc holds s1 - s0 + 1 floats, or is NULL (scratch could not be
  * allocated): the scores are then computed twice instead of stored. */
 static void attn_head(float *o, const float *qh, const float *k, const float *v,
-                      size_t kv_stride, int s0, int s1, int D, float scale, float *sc) {
+                      size_t kv_stride, const int32_t *rows, int s0, int s1, int D, float scale,
+                      float *sc) {
+    /* key s sits at row rows[s] (the paged cache), or row s */
+#define KV_ROW(s) ((size_t)(rows ? rows[s] : (s)) * kv_stride)
     float mx = -INFINITY;
     for (int s = s0; s <= s1; s++) {
-        float x = attn_score(qh, k + (size_t)s * kv_stride, D, scale);
+        float x = attn_score(qh, k + KV_ROW(s), D, scale);
         if (sc) sc[s - s0] = x;
         if (x > mx) mx = x;
     }
@@ -300,19 +306,33 @@ static void attn_head(float *o, const float *qh, const float *k, const float *v,
      * largest weight is exactly 1 (sum >= 1). */
     float sum = 0.0f;
     for (int s = s0; s <= s1; s++) {
-        float x = sc ? sc[s - s0] : attn_score(qh, k + (size_t)s * kv_stride, D, scale);
+        float x = sc ? sc[s - s0] : attn_score(qh, k + KV_ROW(s), D, scale);
         float p = expf(x - mx);
-        const float *vh = v + (size_t)s * kv_stride; /* (D) */
+        const float *vh = v + KV_ROW(s); /* (D) */
         sum += p;
         for (int d = 0; d < D; d++) o[d] += p * vh[d];
     }
     float inv = 1.0f / sum;
     for (int d = 0; d < D; d++) o[d] *= inv;
+#undef KV_ROW
 }
+
+static void cpu_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
+                               const float *k, const float *v, size_t kv_stride,
+                               const int32_t *rows, const int32_t *pos, int T, int S, int H,
+                               int Hkv, int D, int window);
 
 static void cpu_attention(en_backend *be, float *out, const float *q, size_t q_stride,
                           const float *k, const float *v, size_t kv_stride, const int32_t *pos,
                           int T, int S, int H, int Hkv, int D, int window) {
+    cpu_attention_rows(be, out, q, q_stride, k, v, kv_stride, NULL, pos, T, S, H, Hkv, D, window);
+}
+
+/* rows NULL: key s at row s (en_op_attention); else at row rows[s]. */
+static void cpu_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
+                               const float *k, const float *v, size_t kv_stride,
+                               const int32_t *rows, const int32_t *pos, int T, int S, int H,
+                               int Hkv, int D, int window) {
     cpu_ctx *c = be->ctx;
     const int group = H / Hkv; /* query heads per kv head */
     const float scale = (float)(1.0 / sqrt((double)D));
@@ -335,8 +355,17 @@ static void cpu_attention(en_backend *be, float *out, const float *q, size_t q_s
         const int s0 = (window > 0 && s1 - window + 1 > 0) ? s1 - window + 1 : 0;
         float *sc = scratch ? scratch + (size_t)omp_get_thread_num() * (size_t)S : NULL;
         attn_head(out + (size_t)i * D, q + (size_t)t * q_stride + (size_t)h * D,
-                  k + (size_t)kvh * D, v + (size_t)kvh * D, kv_stride, s0, s1, D, scale, sc);
+                  k + (size_t)kvh * D, v + (size_t)kvh * D, kv_stride, rows, s0, s1, D, scale,
+                  sc);
     }
+}
+
+static void cpu_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
+                             const float *src, size_t src_stride, int T, int width) {
+    (void)be;
+    for (int t = 0; t < T; t++)
+        memcpy(dst + (size_t)rows[t] * dst_stride, src + (size_t)t * src_stride,
+               (size_t)width * sizeof(float));
 }
 
 /* Attention keeping its probabilities: per (query, head) the scores over
@@ -959,6 +988,8 @@ static const en_backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .attention = cpu_attention,
+    .attention_rows = cpu_attention_rows,
+    .rows_scatter = cpu_rows_scatter,
     .cross_entropy = cpu_cross_entropy,
     .matmul_bwd = cpu_matmul_bwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,

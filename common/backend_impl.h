@@ -48,6 +48,12 @@ typedef struct en_backend_ops {
                       int T, int S, int H, int Hkv, int D, int window);
     void (*cross_entropy)(en_backend *be, float *nll, const float *logits,
                           const int32_t *target, int T, int V);
+    void (*attention_rows)(en_backend *be, float *out, const float *q, size_t q_stride,
+                           const float *k, const float *v, size_t kv_stride,
+                           const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
+                           int Hkv, int D, int window);
+    void (*rows_scatter)(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
+                         const float *src, size_t src_stride, int T, int width);
 
     /* Backward ops, optimizer and reductions: same arguments as en_op_*. */
     void (*matmul_bwd)(en_backend *be, float *dx, float *dw, float *db, const float *dy,
@@ -84,6 +90,7 @@ struct en_backend {
     const en_backend_ops *ops; /* borrowed: a static const table */
     const char *name;          /* static string: "cpu", "cuda" */
     int n_threads;             /* host threads actually in effect (>= 1) */
+    int batch_invariant;       /* en_backend_set_batch_invariant */
     void *ctx;                 /* owned: the implementation's state */
 };
 

@@ -22,6 +22,7 @@ const char *en_status_str(en_status s) {
     case EN_ERR_COMM: return "communication error";
     case EN_ERR_CANCELLED: return "cancelled";
     case EN_ERR_UNSUPPORTED: return "unsupported";
+    case EN_ERR_BUSY: return "busy";
     }
     return "unknown status";
 }

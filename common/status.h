@@ -26,7 +26,8 @@ typedef enum en_status {
     EN_ERR_CUDA = -5,      /* a CUDA runtime or library call failed */
     EN_ERR_COMM = -6,      /* a collective or the process launcher failed */
     EN_ERR_CANCELLED = -7, /* the caller asked to stop */
-    EN_ERR_UNSUPPORTED = -8 /* valid input that this build cannot handle */
+    EN_ERR_UNSUPPORTED = -8, /* valid input that this build cannot handle */
+    EN_ERR_BUSY = -9         /* a queue or pool is full: try again later */
 } en_status;
 
 /* Static name of a status ("ok", "out of memory", ...). Never NULL. */

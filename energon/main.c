@@ -17,6 +17,8 @@ int en_cmd_tokenizer(int argc, char **argv);
 int en_cmd_finetune(int argc, char **argv);
 int en_cmd_init(int argc, char **argv);
 int en_cmd_export(int argc, char **argv);
+int en_cmd_serve(int argc, char **argv);
+int en_cmd_chat(int argc, char **argv);
 
 #define ENERGON_VERSION "0.1.0"
 
@@ -28,9 +30,11 @@ static const struct {
     {"finetune", en_cmd_finetune, "full or LoRA fine-tuning on text, Q&A or chat data"},
     {"init", en_cmd_init, "a randomly initialised model to pretrain from scratch"},
     {"export", en_cmd_export, "merge a LoRA adapter into a plain Hugging Face model"},
+    {"serve", en_cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
+    {"chat", en_cmd_chat, "chat with a server (or a model in-process) from the terminal"},
     {"generate", en_cmd_generate, "continue a prompt with a model"},
     {"eval", en_cmd_eval, "negative log-likelihood and perplexity on a text file"},
-    {"bench", en_cmd_bench, "measure decode / prefill throughput"},
+    {"bench", en_cmd_bench, "measure decode / prefill / training / serving throughput"},
     {"convert", en_cmd_convert, "convert a llama2.c checkpoint to a Hugging Face directory"},
     {"tokenizer", en_cmd_tokenizer, "train, encode and decode with SentencePiece models"},
 };

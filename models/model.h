@@ -9,8 +9,9 @@
  * share one forward pass (models/layers_llama.c); a new family is a new row
  * in that table plus, at most, a layer variant.
  *
- * Not here yet: backward pass (#3), tensor parallel sharding (#4), batched
- * decode over a paged cache (#5).
+ * Serving (#5) runs many sequences at once: en_model_forward_batch over a
+ * paged KV cache (en_kv_pool), one step mixing prompt chunks and decode
+ * tokens of different sequences.
  */
 #ifndef EN_MODEL_H
 #define EN_MODEL_H
@@ -143,5 +144,54 @@ en_status en_model_forward(en_ctx *c, const int32_t *ids, int n, float *logits, 
  * n_ctx are an error (callers window them). *n_scored = n - 1. */
 en_status en_model_score(en_ctx *c, const int32_t *ids, int n, double *nll_sum, int *n_scored,
                          en_err *err);
+
+/* ---- paged KV cache and batched forward (the server's engine) ----
+ * The pool holds n_blocks blocks of block_size token rows per layer for
+ * keys and values. A sequence owns a list of blocks (its block table); its
+ * token at position p lives in block table[p / block_size], row
+ * p % block_size. Not thread-safe: one scheduler owns pool and batch. */
+typedef struct en_kv_pool en_kv_pool;
+en_status en_kv_pool_create(en_model *m, int n_blocks, int block_size, en_kv_pool **out,
+                            en_err *err);
+void en_kv_pool_destroy(en_kv_pool *p); /* NULL is a no-op */
+int en_kv_pool_block_size(const en_kv_pool *p);
+int en_kv_pool_n_blocks(const en_kv_pool *p);
+int en_kv_pool_n_free(const en_kv_pool *p);
+/* Take n free blocks into blocks[0..n); returns 0 (taking none) when fewer
+ * than n are free, else 1. */
+int en_kv_pool_alloc(en_kv_pool *p, int n, int32_t *blocks);
+/* Give blocks back (each must be held; double frees abort). */
+void en_kv_pool_free(en_kv_pool *p, const int32_t *blocks, int n);
+size_t en_kv_pool_bytes(const en_kv_pool *p);
+
+/* One sequence's part of a batched step: tokens ids[0..n) at positions
+ * n_past.., appended to its cache rows; blocks[0..n_blocks) must cover
+ * n_past + n tokens. logits: NULL, or (V) for the last of the n tokens. */
+typedef struct en_batch_seq {
+    const int32_t *ids;
+    int n;
+    int n_past;
+    const int32_t *blocks;
+    int n_blocks;
+    float *logits;
+} en_batch_seq;
+
+/* Scratch for steps of up to max_tokens tokens (summed over sequences) from
+ * up to max_seqs sequences of up to max_ctx positions each. */
+typedef struct en_batch en_batch;
+en_status en_batch_create(en_model *m, int max_tokens, int max_seqs, int max_ctx,
+                          en_batch **out, en_err *err);
+void en_batch_destroy(en_batch *b); /* NULL is a no-op */
+
+/* One forward step over n_seqs sequences (their tokens concatenated, so
+ * every weight is read once per step). Per-token work (norms, RoPE,
+ * attention over the sequence's own cache) is independent of the rest of
+ * the batch; with en_backend_set_batch_invariant the matmuls are too, so
+ * each sequence's logits are bit-identical to running it alone.
+ * Errors (EN_ERR_ARG, nothing written): too many tokens or sequences, ids
+ * out of range, blocks not covering the positions, positions past max_ctx.
+ * Not under tensor parallelism (EN_ERR_UNSUPPORTED). */
+en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs,
+                                 int n_seqs, en_err *err);
 
 #endif /* EN_MODEL_H */

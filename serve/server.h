@@ -1,0 +1,45 @@
+/*
+ * server.h - the OpenAI-compatible HTTP front end of the serving engine
+ * (libmicrohttpd, one thread per connection; JSON through jansson).
+ *
+ * Endpoints: POST /v1/chat/completions, POST /v1/completions (both with
+ * "stream": Server-Sent Events), GET /v1/models, GET /health, GET /metrics
+ * (Prometheus text), POST /tokenize, POST /detokenize, GET / (the chat page).
+ * Errors use OpenAI's shape {"error":{"message","type","param","code"}}.
+ * `energon serve` runs it in the foreground; `energon chat --model DIR` runs
+ * it in-process on an ephemeral loopback port and talks to it over HTTP, so
+ * both go through the same code.
+ */
+#ifndef EN_SERVER_H
+#define EN_SERVER_H
+
+#include "../common/status.h"
+#include "../tokenizer/chat.h"
+#include "../tokenizer/tokenizer.h"
+#include "engine.h"
+
+typedef struct en_server_config {
+    const char *host;       /* address to bind (default "127.0.0.1") */
+    int port;               /* 0 = an ephemeral port (see en_server_port) */
+    const char *api_key;    /* NULL or "": no authentication */
+    const char *model_name; /* the id /v1/models lists and requests may name */
+    en_chat_template_id chat_template;
+    size_t max_body_bytes;  /* request bodies over this get 413 (default 1 MiB) */
+    int io_timeout_s;       /* idle connection / half-sent request timeout (default 30) */
+    int max_connections;    /* default 512 */
+    int log_requests;       /* one line per request on stderr (default 1) */
+} en_server_config;
+en_server_config en_server_config_default(void);
+
+typedef struct en_server en_server;
+
+/* Bind and start serving (borrowing e and tok: they must outlive the
+ * server). /health answers 200 from here on. Errors name the address. */
+en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server_config *cfg,
+                          en_server **out, en_err *err);
+int en_server_port(const en_server *s); /* the bound port */
+/* Stop accepting connections, give running requests up to grace_s seconds
+ * to finish (then cancel them), close everything and free s. */
+void en_server_stop(en_server *s, double grace_s);
+
+#endif /* EN_SERVER_H */
