@@ -75,8 +75,11 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     const en_lora *lo = m->lora;
     const float s = lo ? en_lora_scale(lo) : 0.0f;
 #define LP(t) (lo ? en_lora_get(lo, l, (t)) : NULL)
-    float *k_new = kc + (size_t)p0 * KVD; /* (n, KVD) rows of these tokens */
-    float *v_new = vc + (size_t)p0 * KVD;
+    const en_paged_step *pg = a->pg;
+    /* (n, KVD) rows of these tokens: straight into the cache, or scratch
+     * that is scattered into the paged pool after RoPE */
+    float *k_new = pg ? pg->k_new : kc + (size_t)p0 * KVD;
+    float *v_new = pg ? pg->v_new : vc + (size_t)p0 * KVD;
 
     /* With sequence parallelism x holds nx = n / tp rows; the norms run on
      * them and the all-gather gives the column-parallel layers all n rows. */
@@ -94,8 +97,18 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     en_linear_fwd(be, v_new, xin, w->wv, w->bv, LP(2), s, a->lora_u, a->tmp, n, KVD, C);
     en_op_rope(be, a->q, pos, n, H, D, (size_t)QD, hp->rope_theta);
     en_op_rope(be, k_new, pos, n, Hkv, D, (size_t)KVD, hp->rope_theta);
+    if (pg) {
+        en_op_rows_scatter(be, kc, (size_t)KVD, pg->store_rows, k_new, (size_t)KVD, n, KVD);
+        en_op_rows_scatter(be, vc, (size_t)KVD, pg->store_rows, v_new, (size_t)KVD, n, KVD);
+        for (int sq = 0; sq < pg->n_seq; sq++) {
+            const int t0 = pg->tok_off[sq], nt = pg->tok_off[sq + 1] - t0;
+            en_op_attention_rows(be, a->att + (size_t)t0 * QD, a->q + (size_t)t0 * QD,
+                                 (size_t)QD, kc, vc, (size_t)KVD, pg->kv_rows + pg->kv_off[sq],
+                                 pos + t0, nt, pg->n_keys[sq], H, Hkv, D, hp->sliding_window);
+        }
+    }
     const int T = n / n_seq;
-    for (int sq = 0; sq < n_seq; sq++) {
+    for (int sq = 0; sq < n_seq && !pg; sq++) {
         /* one sequence: its queries, and its keys (the cache when n_seq == 1) */
         size_t qo = (size_t)sq * T * QD, ko = (size_t)sq * T * KVD;
         if (a->probs) /* training without recomputation keeps the probabilities */

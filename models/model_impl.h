@@ -77,7 +77,25 @@ typedef struct en_layer_acts {
      * row-parallel outputs are reduce-scattered back to n/tp rows. */
     int sp;
     float *xg; /* (n, C) scratch */
+    /* Batched serving (en_model_forward_batch), else NULL. */
+    const struct en_paged_step *pg;
 } en_layer_acts;
+
+/* One step of the paged KV cache: the n tokens of the step belong to n_seq
+ * sequences of varying lengths, concatenated. Each layer writes its new
+ * key/value rows to scratch (k_new, v_new), scatters them to the pool rows
+ * store_rows, and runs attention per sequence over the pool rows that hold
+ * its positions 0..n_keys[s]-1 (kv_rows + kv_off[s]). kc / vc passed to
+ * en_llama_layer_fwd are then the layer's pool (rows of Hkv*D floats). */
+typedef struct en_paged_step {
+    int n_seq;
+    const int *tok_off;        /* (n_seq + 1) first token of each sequence */
+    const int *n_keys;         /* (n_seq) positions each attends: n_past + n */
+    const int32_t *kv_rows;    /* pool row of every position, sequence after sequence */
+    const size_t *kv_off;      /* (n_seq) where each sequence's rows start in kv_rows */
+    const int32_t *store_rows; /* (n) pool row of each new token */
+    float *k_new, *v_new;      /* (n, Hkv*D) scratch */
+} en_paged_step;
 
 /* One layer over n tokens made of n_seq sequences of n/n_seq tokens.
  * x (n, C) is updated in place. kc, vc hold the layer's key/value rows

@@ -1,0 +1,287 @@
+/*
+ * batch.c - the paged KV cache and the batched forward step the server's
+ * engine runs (model.h): many sequences, each with its own block table,
+ * advanced together in one pass so that every weight is read once per step
+ * for all of them (continuous batching, as in vLLM / Orca).
+ *
+ * Pool layout: keys and values each (L, n_blocks * block_size, Hkv*D); the
+ * token at position p of a sequence lives at row
+ *   blocks[p / block_size] * block_size + p % block_size
+ * of every layer's slice. A step concatenates the sequences' new tokens
+ * (prompt chunks and single decode tokens alike) into one (n, C) matrix;
+ * only attention is per sequence (en_op_attention_rows over its rows).
+ */
+#include <string.h>
+
+#include "model_impl.h"
+
+struct en_kv_pool {
+    en_model *m;
+    int n_blocks, block_size;
+    size_t kvd;       /* floats per row: Hkv * D */
+    size_t rows;      /* n_blocks * block_size rows per layer */
+    float *k, *v;     /* (L, rows, kvd) each */
+    int32_t *free_ids; /* stack of free block ids */
+    int n_free;
+    uint8_t *held;    /* (n_blocks) 1 while a sequence holds the block */
+};
+
+en_status en_kv_pool_create(en_model *m, int n_blocks, int block_size, en_kv_pool **out,
+                            en_err *err) {
+    *out = NULL;
+    if (n_blocks <= 0 || block_size <= 0)
+        return EN_ERR(err, EN_ERR_ARG, "KV pool: %d blocks of %d tokens: both must be positive",
+                      n_blocks, block_size);
+    if ((int64_t)n_blocks * block_size > INT32_MAX)
+        return EN_ERR(err, EN_ERR_ARG, "KV pool: %d blocks of %d tokens is too many rows",
+                      n_blocks, block_size);
+    en_kv_pool *p = en_calloc(1, sizeof *p);
+    if (!p) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    const en_model_hparams *hl = &m->hl;
+    p->m = m;
+    p->n_blocks = n_blocks;
+    p->block_size = block_size;
+    p->kvd = (size_t)hl->n_kv_head * hl->head_dim;
+    p->rows = (size_t)n_blocks * block_size;
+    size_t bytes = (size_t)m->hp.n_layer * p->rows * p->kvd * sizeof(float);
+    p->k = en_backend_alloc(m->be, bytes);
+    p->v = en_backend_alloc(m->be, bytes);
+    p->free_ids = en_malloc((size_t)n_blocks * sizeof(int32_t));
+    p->held = en_calloc((size_t)n_blocks, 1);
+    if (!p->k || !p->v || !p->free_ids || !p->held) {
+        en_kv_pool_destroy(p);
+        return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a KV cache of %d x %d tokens (%zu MiB)",
+                      n_blocks, block_size, 2 * bytes >> 20);
+    }
+    /* lowest ids on top of the stack, so a fresh pool hands out 0, 1, ... */
+    for (int i = 0; i < n_blocks; i++) p->free_ids[i] = n_blocks - 1 - i;
+    p->n_free = n_blocks;
+    *out = p;
+    return EN_OK;
+}
+
+void en_kv_pool_destroy(en_kv_pool *p) {
+    if (!p) return;
+    en_backend_free(p->m->be, p->k);
+    en_backend_free(p->m->be, p->v);
+    en_free(p->free_ids);
+    en_free(p->held);
+    en_free(p);
+}
+
+int en_kv_pool_block_size(const en_kv_pool *p) { return p->block_size; }
+int en_kv_pool_n_blocks(const en_kv_pool *p) { return p->n_blocks; }
+int en_kv_pool_n_free(const en_kv_pool *p) { return p->n_free; }
+size_t en_kv_pool_bytes(const en_kv_pool *p) {
+    return 2 * (size_t)p->m->hp.n_layer * p->rows * p->kvd * sizeof(float);
+}
+
+int en_kv_pool_alloc(en_kv_pool *p, int n, int32_t *blocks) {
+    if (n < 0 || n > p->n_free) return 0;
+    for (int i = 0; i < n; i++) {
+        int32_t b = p->free_ids[--p->n_free];
+        p->held[b] = 1;
+        blocks[i] = b;
+    }
+    return 1;
+}
+
+void en_kv_pool_free(en_kv_pool *p, const int32_t *blocks, int n) {
+    for (int i = 0; i < n; i++) {
+        int32_t b = blocks[i];
+        EN_ASSERT(b >= 0 && b < p->n_blocks && p->held[b]);
+        p->held[b] = 0;
+        p->free_ids[p->n_free++] = b;
+    }
+}
+
+struct en_batch {
+    en_model *m;
+    int max_tokens, max_seqs, max_ctx;
+    /* (max_tokens, *) activations */
+    float *x, *xn, *q, *att, *gate, *up, *tmp, *lora_u, *k_new, *v_new;
+    int32_t *ids, *pos, *store_rows;
+    /* per sequence */
+    int *tok_off, *n_keys;
+    size_t *kv_off;
+    int32_t *kv_rows; /* (max_seqs * max_ctx) */
+    float *xsel;      /* (max_seqs, C) last rows of the sequences that want logits */
+    float *lg;        /* (max_seqs, V) */
+};
+
+en_status en_batch_create(en_model *m, int max_tokens, int max_seqs, int max_ctx,
+                          en_batch **out, en_err *err) {
+    *out = NULL;
+    if (m->tp_size > 1)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "batched serving with tensor parallelism is not supported yet");
+    if (max_tokens <= 0 || max_seqs <= 0 || max_ctx <= 0)
+        return EN_ERR(err, EN_ERR_ARG, "batch: max_tokens %d, max_seqs %d, max_ctx %d must be "
+                                       "positive", max_tokens, max_seqs, max_ctx);
+    if (max_ctx > m->hp.max_pos)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "context size %d exceeds the model's max_position_embeddings %d", max_ctx,
+                      m->hp.max_pos);
+    en_batch *b = en_calloc(1, sizeof *b);
+    if (!b) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    b->m = m;
+    b->max_tokens = max_tokens;
+    b->max_seqs = max_seqs;
+    b->max_ctx = max_ctx;
+    en_backend *be = m->be;
+    const en_model_hparams *hp = &m->hp, *hl = &m->hl;
+    size_t N = (size_t)max_tokens, C = (size_t)hp->n_embd, F = (size_t)hl->n_ff;
+    size_t qd = (size_t)hl->n_head * hl->head_dim, kvd = (size_t)hl->n_kv_head * hl->head_dim;
+    size_t wide = C > F ? C : F;
+    if (qd > wide) wide = qd;
+    size_t S = (size_t)max_seqs;
+    b->x = en_backend_alloc(be, N * C * sizeof(float));
+    b->xn = en_backend_alloc(be, N * C * sizeof(float));
+    b->q = en_backend_alloc(be, N * qd * sizeof(float));
+    b->att = en_backend_alloc(be, N * (qd > C ? qd : C) * sizeof(float));
+    b->gate = en_backend_alloc(be, N * F * sizeof(float));
+    b->up = en_backend_alloc(be, N * F * sizeof(float));
+    b->tmp = en_backend_alloc(be, N * wide * sizeof(float));
+    b->k_new = en_backend_alloc(be, N * kvd * sizeof(float));
+    b->v_new = en_backend_alloc(be, N * kvd * sizeof(float));
+    if (m->lora)
+        b->lora_u = en_backend_alloc(be, N * (size_t)en_lora_get_config(m->lora)->rank *
+                                             sizeof(float));
+    b->ids = en_malloc(N * sizeof(int32_t));
+    b->pos = en_malloc(N * sizeof(int32_t));
+    b->store_rows = en_malloc(N * sizeof(int32_t));
+    b->tok_off = en_malloc((S + 1) * sizeof(int));
+    b->n_keys = en_malloc(S * sizeof(int));
+    b->kv_off = en_malloc(S * sizeof(size_t));
+    b->kv_rows = en_malloc(S * (size_t)max_ctx * sizeof(int32_t));
+    b->xsel = en_backend_alloc(be, S * C * sizeof(float));
+    b->lg = en_backend_alloc(be, S * (size_t)hp->n_vocab * sizeof(float));
+    if (!b->x || !b->xn || !b->q || !b->att || !b->gate || !b->up || !b->tmp || !b->k_new ||
+        !b->v_new || (m->lora && !b->lora_u) || !b->ids || !b->pos || !b->store_rows ||
+        !b->tok_off || !b->n_keys || !b->kv_off || !b->kv_rows || !b->xsel || !b->lg) {
+        en_batch_destroy(b);
+        return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a batch of %d tokens", max_tokens);
+    }
+    *out = b;
+    return EN_OK;
+}
+
+void en_batch_destroy(en_batch *b) {
+    if (!b) return;
+    en_backend *be = b->m->be;
+    float *bufs[] = {b->x,   b->xn,  b->q,     b->att,   b->gate, b->up,
+                     b->tmp, b->lora_u, b->k_new, b->v_new, b->xsel, b->lg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) en_backend_free(be, bufs[i]);
+    en_free(b->ids);
+    en_free(b->pos);
+    en_free(b->store_rows);
+    en_free(b->tok_off);
+    en_free(b->n_keys);
+    en_free(b->kv_off);
+    en_free(b->kv_rows);
+    en_free(b);
+}
+
+/* Everything en_model_forward_batch checks before touching the cache. */
+static en_status check_step(const en_batch *b, const en_kv_pool *kv, const en_batch_seq *seqs,
+                            int n_seqs, en_err *err) {
+    const en_model *m = b->m;
+    if (kv->m != m) return EN_ERR(err, EN_ERR_ARG, "the KV pool belongs to another model");
+    if (n_seqs < 0 || n_seqs > b->max_seqs)
+        return EN_ERR(err, EN_ERR_ARG, "%d sequences in one step; the batch holds %d", n_seqs,
+                      b->max_seqs);
+    int64_t total = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const en_batch_seq *q = &seqs[s];
+        if (q->n < 1 || q->n_past < 0)
+            return EN_ERR(err, EN_ERR_ARG, "sequence %d: %d new tokens after %d", s, q->n,
+                          q->n_past);
+        total += q->n;
+        int64_t end = (int64_t)q->n_past + q->n;
+        if (end > b->max_ctx)
+            return EN_ERR(err, EN_ERR_ARG, "sequence %d: %lld positions exceed the context of %d",
+                          s, (long long)end, b->max_ctx);
+        if (end > (int64_t)q->n_blocks * kv->block_size)
+            return EN_ERR(err, EN_ERR_ARG,
+                          "sequence %d: %d blocks of %d tokens do not cover %lld positions", s,
+                          q->n_blocks, kv->block_size, (long long)end);
+        for (int i = 0; i < q->n_blocks; i++)
+            if (q->blocks[i] < 0 || q->blocks[i] >= kv->n_blocks || !kv->held[q->blocks[i]])
+                return EN_ERR(err, EN_ERR_ARG, "sequence %d: block %d is not an allocated block",
+                              s, q->blocks[i]);
+        for (int i = 0; i < q->n; i++)
+            if (q->ids[i] < 0 || q->ids[i] >= m->hp.n_vocab)
+                return EN_ERR(err, EN_ERR_ARG, "sequence %d: token id %d outside [0, %d)", s,
+                              q->ids[i], m->hp.n_vocab);
+    }
+    if (total > b->max_tokens)
+        return EN_ERR(err, EN_ERR_ARG, "%lld tokens in one step; the batch holds %d",
+                      (long long)total, b->max_tokens);
+    return EN_OK;
+}
+
+en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs,
+                                 int n_seqs, en_err *err) {
+    en_status st = check_step(b, kv, seqs, n_seqs, err);
+    if (st != EN_OK) return st;
+    en_model *m = b->m;
+    en_backend *be = m->be;
+    const en_model_hparams *hp = &m->hp;
+    const int C = hp->n_embd, V = hp->n_vocab, bs = kv->block_size;
+
+    /* Lay the step out: token rows, positions, pool rows. */
+    int n = 0;
+    size_t nk = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const en_batch_seq *q = &seqs[s];
+        b->tok_off[s] = n;
+        b->n_keys[s] = q->n_past + q->n;
+        b->kv_off[s] = nk;
+        for (int p = 0; p < q->n_past + q->n; p++)
+            b->kv_rows[nk++] = q->blocks[p / bs] * bs + p % bs;
+        for (int i = 0; i < q->n; i++) {
+            int p = q->n_past + i;
+            b->ids[n] = q->ids[i];
+            b->pos[n] = p;
+            b->store_rows[n] = q->blocks[p / bs] * bs + p % bs;
+            n++;
+        }
+    }
+    b->tok_off[n_seqs] = n;
+    if (n == 0) return EN_OK;
+
+    en_paged_step pg = {n_seqs, b->tok_off, b->n_keys, b->kv_rows, b->kv_off, b->store_rows,
+                        b->k_new, b->v_new};
+    en_llama_embed(m, b->x, b->ids, n, NULL);
+    en_layer_acts a = {0};
+    a.xn1 = b->xn;
+    a.q = b->q;
+    a.att = b->att;
+    a.xn2 = b->xn;
+    a.gate = b->gate;
+    a.up = b->up;
+    a.h = b->gate; /* in place */
+    a.tmp = b->tmp;
+    a.proj = b->xn; /* o/down outputs: their inputs are att and h, not xn */
+    a.lora_u = b->lora_u;
+    a.pg = &pg;
+    const size_t layer_rows = kv->rows * kv->kvd;
+    for (int l = 0; l < hp->n_layer; l++)
+        en_llama_layer_fwd(m, l, b->x, n, 1, b->pos, kv->k + (size_t)l * layer_rows,
+                           kv->v + (size_t)l * layer_rows, 0, &a);
+
+    /* Logits of the last token of each sequence that asks for them. */
+    int nr = 0;
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].logits)
+            memcpy(b->xsel + (size_t)nr++ * C, b->x + (size_t)(b->tok_off[s + 1] - 1) * C,
+                   (size_t)C * sizeof(float));
+    if (!nr) return EN_OK;
+    en_op_rmsnorm(be, b->xsel, b->xsel, m->out_norm, hp->norm_eps, nr, C);
+    en_op_matmul(be, b->lg, b->xsel, m->lm_head, NULL, nr, V, C);
+    nr = 0;
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].logits)
+            memcpy(seqs[s].logits, b->lg + (size_t)nr++ * V, (size_t)V * sizeof(float));
+    return EN_OK;
+}

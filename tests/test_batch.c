@@ -1,0 +1,243 @@
+/*
+ * test_batch.c - the server's batched forward over the paged KV cache
+ * (en_model_forward_batch, en_kv_pool) against Hugging Face transformers'
+ * logits (tests/fixtures/hf/NAME/logits.bin, see test_model_logits.c), and
+ * its batch invariance:
+ *   (a) sequence A (the fixture's ids) runs mixed with two other sequences:
+ *       prompt chunks of different sizes in the same steps as the others'
+ *       decode tokens, on blocks handed out in a scrambled order; the logits
+ *       of every step's last A token match transformers' row within 1e-4
+ *       (max relative error);
+ *   (b) with the backend in batch-invariant mode, A's logits are bit-identical
+ *       whether it runs mixed (a) or alone with other chunk sizes;
+ *   (c) mistral's sliding window holds over block boundaries;
+ *   (d) bad steps are refused with EN_ERR_ARG and leave the pool as it was;
+ *       the pool hands out and takes back blocks exactly.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../models/model.h"
+#include "test_util.h"
+
+#define REL_TOL 1e-4
+#define BS 4 /* tokens per block: small, so sequences span many blocks */
+
+static const char *const k_models[] = {"llama_mha", "llama_gqa_tied", "mistral", "qwen2"};
+
+static uint32_t rd_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* logits.bin: "ENFX", version 1, T, V, ids[T], logits[T*V] */
+static int read_fixture(const char *path, int *T, int *V, int32_t **ids, float **logits) {
+    size_t len = 0;
+    unsigned char *b = en_test_read_file(path, &len);
+    if (!b || len < 16 || memcmp(b, "ENFX", 4) != 0) {
+        free(b);
+        return 0;
+    }
+    *T = (int)rd_u32(b + 8);
+    *V = (int)rd_u32(b + 12);
+    if (len != 16 + 4 * (size_t)*T + 4 * (size_t)*T * *V) {
+        free(b);
+        return 0;
+    }
+    *ids = malloc((size_t)*T * sizeof(int32_t));
+    *logits = malloc((size_t)*T * *V * sizeof(float));
+    memcpy(*ids, b + 16, (size_t)*T * 4);
+    memcpy(*logits, b + 16 + (size_t)*T * 4, (size_t)*T * *V * 4);
+    free(b);
+    return 1;
+}
+
+/* One sequence being run: its ids, how far it got, its blocks. */
+typedef struct seq {
+    const int32_t *ids;
+    int len, done;
+    int32_t blocks[64];
+    int n_blocks;
+} seq;
+
+static void seq_blocks(en_kv_pool *kv, seq *s, int upto) {
+    int need = (upto + BS - 1) / BS;
+    if (need > s->n_blocks) {
+        int ok = en_kv_pool_alloc(kv, need - s->n_blocks, s->blocks + s->n_blocks);
+        CHECK(ok, "pool ran out");
+        s->n_blocks = need;
+    }
+}
+
+/* Run A (with logits after each step) and, when mixed, B and C alongside.
+ * chunks: A's tokens per step (0-terminated; the rest one at a time).
+ * out (T, V): row t = logits after A's token t, for the tokens that ended a
+ * step; got[t] marks them. */
+static int run(en_model *m, en_kv_pool *kv, en_batch *b, const int32_t *ids, int T, int mixed,
+               const int *chunks, float *out, int *got) {
+    const int V = en_model_get_hparams(m)->n_vocab;
+    int32_t other[40];
+    for (int i = 0; i < 40; i++) other[i] = (int32_t)((i * 7 + 3) % V);
+    seq A = {ids, T, 0, {0}, 0}, B = {other, 40, 0, {0}, 0}, Cq = {other + 5, 23, 0, {0}, 0};
+    float *scratch = malloc((size_t)V * sizeof(float));
+    int ci = 0, ok = 1;
+    memset(got, 0, (size_t)T * sizeof(int));
+    while (A.done < A.len) {
+        en_batch_seq bs[3];
+        seq *which[3] = {&A, NULL, NULL};
+        int ns = 0;
+        int na = chunks[ci] ? chunks[ci++] : 1;
+        if (na > A.len - A.done) na = A.len - A.done;
+        seq_blocks(kv, &A, A.done + na);
+        bs[ns++] = (en_batch_seq){A.ids + A.done, na, A.done, A.blocks, A.n_blocks,
+                                  out + (size_t)(A.done + na - 1) * V};
+        seq *others[2] = {&B, &Cq};
+        for (int k = 0; k < 2 && mixed; k++) {
+            seq *o = others[k];
+            if (o->done >= o->len) continue;
+            /* B: prompt chunks of 5 then single tokens; C joins later */
+            if (k == 1 && A.done < 6) continue;
+            int n = o->done < 10 ? 5 : 1;
+            if (n > o->len - o->done) n = o->len - o->done;
+            seq_blocks(kv, o, o->done + n);
+            which[ns] = o;
+            bs[ns++] = (en_batch_seq){o->ids + o->done, n, o->done, o->blocks, o->n_blocks,
+                                      scratch};
+        }
+        en_err err = {0};
+        if (en_model_forward_batch(b, kv, bs, ns, &err) != EN_OK) {
+            fprintf(stderr, "forward_batch: %s\n", err.msg);
+            ok = 0;
+            break;
+        }
+        got[A.done + na - 1] = 1;
+        A.done += na;
+        for (int k = 1; k < ns; k++) which[k]->done += bs[k].n;
+    }
+    en_kv_pool_free(kv, A.blocks, A.n_blocks);
+    en_kv_pool_free(kv, B.blocks, B.n_blocks);
+    en_kv_pool_free(kv, Cq.blocks, Cq.n_blocks);
+    free(scratch);
+    return ok;
+}
+
+static void check_errors(en_model *m, en_kv_pool *kv, en_batch *b) {
+    int n_free = en_kv_pool_n_free(kv);
+    int32_t blk[2];
+    CHECK(en_kv_pool_alloc(kv, 2, blk));
+    CHECK(en_kv_pool_n_free(kv) == n_free - 2);
+    CHECK(!en_kv_pool_alloc(kv, n_free, blk), "allocating more than is free must fail");
+    CHECK(en_kv_pool_n_free(kv) == n_free - 2, "a failed alloc takes nothing");
+    const int V = en_model_get_hparams(m)->n_vocab;
+    int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    en_err err = {0};
+    /* 9 tokens need 3 blocks of 4 */
+    en_batch_seq s = {ids, 9, 0, blk, 2, NULL};
+    CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "cover"),
+          "%s", err.msg);
+    ids[0] = V;
+    s = (en_batch_seq){ids, 8, 0, blk, 2, NULL};
+    CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "token id"),
+          "%s", err.msg);
+    ids[0] = 1;
+    int32_t bad[2] = {blk[0], blk[1] + 1000};
+    s = (en_batch_seq){ids, 8, 0, bad, 2, NULL};
+    CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "block"),
+          "%s", err.msg);
+    s = (en_batch_seq){ids, 0, 0, blk, 2, NULL};
+    CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG, "empty sequence");
+    en_kv_pool_free(kv, blk, 2);
+    CHECK(en_kv_pool_n_free(kv) == n_free, "blocks come back");
+}
+
+int main(void) {
+    en_backend *be = NULL;
+    en_err err = {0};
+    en_backend_config bc = en_backend_config_default();
+    bc.n_threads = 2;
+    if (en_backend_cpu_create(&bc, &be, &err) != EN_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    for (size_t mi = 0; mi < sizeof k_models / sizeof k_models[0]; mi++) {
+        char dir[1024], path[1100];
+        snprintf(dir, sizeof dir, "%s/hf/%s", EN_FIXTURES, k_models[mi]);
+        snprintf(path, sizeof path, "%s/logits.bin", dir);
+        int T = 0, V = 0;
+        int32_t *ids = NULL;
+        float *ref = NULL;
+        if (!read_fixture(path, &T, &V, &ids, &ref)) {
+            CHECK(0, "cannot read %s", path);
+            continue;
+        }
+        en_model_params mp = en_model_params_default();
+        mp.backend = be;
+        en_model *m = NULL;
+        if (en_model_load(dir, &mp, &m, &err) != EN_OK) {
+            CHECK(0, "%s", err.msg);
+            continue;
+        }
+        en_kv_pool *kv = NULL;
+        en_batch *b = NULL;
+        CHECK(en_kv_pool_create(m, 40, BS, &kv, &err) == EN_OK, "%s", err.msg);
+        CHECK(en_batch_create(m, 32, 4, 64, &b, &err) == EN_OK, "%s", err.msg);
+        /* scramble the free list: take 13 blocks, give back every other */
+        int32_t tmp[13];
+        en_kv_pool_alloc(kv, 13, tmp);
+        for (int i = 0; i < 13; i += 2) en_kv_pool_free(kv, tmp + i, 1);
+
+        float *mixed = calloc((size_t)T * V, sizeof(float));
+        float *alone = calloc((size_t)T * V, sizeof(float));
+        int *got_m = calloc((size_t)T, sizeof(int)), *got_a = calloc((size_t)T, sizeof(int));
+        const int chunks_mixed[] = {7, 2, 0}, chunks_alone[] = {3, 5, 1, 0};
+
+        en_backend_set_batch_invariant(be, 1);
+        run(m, kv, b, ids, T, 1, chunks_mixed, mixed, got_m);
+        run(m, kv, b, ids, T, 0, chunks_alone, alone, got_a);
+        en_backend_set_batch_invariant(be, 0);
+        double worst = 0;
+        int rows = 0, same = 1, compared = 0;
+        for (int t = 0; t < T; t++) {
+            if (got_m[t]) {
+                double e = en_test_max_rel_err(mixed + (size_t)t * V, ref + (size_t)t * V, V);
+                if (e > worst) worst = e;
+                rows++;
+            }
+            if (got_m[t] && got_a[t]) {
+                compared++;
+                same &= memcmp(mixed + (size_t)t * V, alone + (size_t)t * V,
+                               (size_t)V * sizeof(float)) == 0;
+            }
+        }
+        printf("%-15s mixed batch vs transformers: %d rows, max rel err %.2e; "
+               "bit-identical to running alone at %d positions: %s\n",
+               k_models[mi], rows, worst, compared, same ? "yes" : "NO");
+        CHECK(rows >= T - 7 && worst <= REL_TOL, "%s: max rel err %.3e", k_models[mi], worst);
+        CHECK(compared >= T - 9 && same, "%s: logits depend on the batch", k_models[mi]);
+
+        /* the same without batch-invariant matmuls is still right */
+        run(m, kv, b, ids, T, 1, chunks_mixed, mixed, got_m);
+        worst = 0;
+        for (int t = 0; t < T; t++)
+            if (got_m[t]) {
+                double e = en_test_max_rel_err(mixed + (size_t)t * V, ref + (size_t)t * V, V);
+                if (e > worst) worst = e;
+            }
+        CHECK(worst <= REL_TOL, "%s (BLAS matmuls): max rel err %.3e", k_models[mi], worst);
+
+        for (int i = 1; i < 13; i += 2) en_kv_pool_free(kv, tmp + i, 1);
+        CHECK(en_kv_pool_n_free(kv) == 40, "%s: every block is back", k_models[mi]);
+        if (mi == 0) check_errors(m, kv, b);
+        free(mixed);
+        free(alone);
+        free(got_m);
+        free(got_a);
+        free(ids);
+        free(ref);
+        en_batch_destroy(b);
+        en_kv_pool_destroy(kv);
+        en_model_destroy(m);
+    }
+    en_backend_destroy(be);
+    return en_test_finish("test_batch");
+}
