@@ -354,6 +354,7 @@ void en_model_destroy(en_model *m) {
 }
 
 const en_model_hparams *en_model_get_hparams(const en_model *m) { return &m->hp; }
+en_backend *en_model_get_backend(const en_model *m) { return m->be; }
 const en_model_hparams *en_model_get_local_hparams(const en_model *m) { return &m->hl; }
 int en_model_tp_size(const en_model *m) { return m->tp_size; }
 int en_model_tp_rank(const en_model *m) { return m->tp_rank; }

@@ -86,6 +86,7 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
                         en_err *err);
 void en_model_destroy(en_model *m); /* NULL is a no-op */
 const en_model_hparams *en_model_get_hparams(const en_model *m);
+en_backend *en_model_get_backend(const en_model *m); /* the backend it was loaded on */
 /* The sizes of this rank's shard (heads, kv heads, intermediate size and
  * vocabulary divided by tp_size); the same as en_model_get_hparams without
  * tensor parallelism. */

@@ -1,0 +1,714 @@
+/*
+ * engine.c - continuous batching over the paged KV cache (see engine.h).
+ *
+ * Threads and ownership:
+ *   - the scheduler thread owns the model, the KV pool, the batch scratch and
+ *     the running list; it alone touches a request's sampler, decoder, stop
+ *     matcher and blocks;
+ *   - e->mu guards the waiting queue, the stop flag and the statistics;
+ *   - r->mu guards a request's event list and its cancelled flag; the owner
+ *     (a connection thread) waits on r->cv for events.
+ * A request is freed when both the owner has released it and the scheduler
+ * has let go of it (after its DONE event): refs counts the two.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../tokenizer/stop.h"
+
+enum { RS_WAITING = 0, RS_RUNNING = 1, RS_DONE = 2 };
+
+typedef struct ev_node {
+    en_gen_event ev;
+    char *text; /* owned copy of ev.text */
+    struct ev_node *next;
+} ev_node;
+
+struct en_request {
+    en_engine *e;
+    /* immutable after submit */
+    int32_t *prompt;
+    int n_prompt;
+    en_gen_params p;
+    char *stops[EN_MAX_STOPS];
+    double t_submit;
+    /* scheduler only */
+    int state;
+    int n_fed;        /* prompt tokens in the cache */
+    int n_gen;        /* tokens sampled (eos excluded) */
+    int32_t next_tok; /* token to feed on the next decode step */
+    int32_t *blocks;
+    int n_blocks;
+    int strip_pending;
+    en_sampler *smp;
+    en_detok *dt;
+    en_stop *stop;
+    double t_admit, t_first, t_last;
+    struct en_request *next; /* waiting queue link (under e->mu) */
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int cancelled;
+    int refs;
+    ev_node *head, *tail;
+    ev_node *cur;  /* the event last handed to the owner (freed on the next call) */
+    int finished;  /* the owner has seen DONE */
+};
+
+struct en_engine {
+    en_model *m;
+    const en_tokenizer *tok;
+    en_engine_config cfg;
+    int n_vocab, eos;
+    en_kv_pool *kv;
+    en_batch *batch;
+    pthread_t thread;
+    int thread_started;
+    /* under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stopping;
+    en_request *wait_head, *wait_tail;
+    int n_waiting;
+    en_engine_stats st;
+    /* scheduler only */
+    en_request **running;
+    int n_running;
+    en_batch_seq *seqs;
+    en_request **seq_req;
+    float *logits; /* (max_batch, V) */
+    float *lp;     /* (V) log-softmax scratch */
+};
+
+static double now_s(void) { return en_time_now(); }
+
+en_engine_config en_engine_config_default(void) {
+    en_engine_config c = {0};
+    c.max_batch = 32;
+    c.block_size = 16;
+    c.max_queue = 256;
+    c.prefill_chunk = 256;
+    return c; /* n_ctx and kv_cache_tokens: 0 = chosen from the model */
+}
+
+en_gen_params en_gen_params_default(void) {
+    en_gen_params p = {0};
+    p.sampling = en_sampler_config_default();
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 16;
+    return p;
+}
+
+/* ---- events ---- */
+
+/* Append an event (text copied) and wake the owner. */
+static void push_event(en_request *r, const en_gen_event *ev, const char *text, size_t len) {
+    ev_node *n = en_calloc(1, sizeof *n);
+    char *t = en_malloc(len + 1);
+    if (!n || !t) {
+        /* Out of memory while streaming: the text is lost but the request
+         * still ends (DONE events are tiny and retried below). */
+        en_free(n);
+        en_free(t);
+        EN_LOGW("engine: out of memory queueing an event; text dropped");
+        if (ev->kind != EN_EV_DONE) return;
+        n = en_calloc(1, sizeof *n);
+        if (!n) en_abort(__FILE__, __LINE__, "out of memory ending a request");
+        len = 0;
+        t = NULL;
+    }
+    n->ev = *ev;
+    if (t) {
+        memcpy(t, text, len);
+        t[len] = '\0';
+    }
+    n->text = t;
+    n->ev.text = t ? t : "";
+    n->ev.len = len;
+    pthread_mutex_lock(&r->mu);
+    if (r->tail)
+        r->tail->next = n;
+    else
+        r->head = n;
+    r->tail = n;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void free_node(ev_node *n) {
+    if (!n) return;
+    en_free(n->text);
+    en_free(n);
+}
+
+static void request_free(en_request *r) {
+    for (ev_node *n = r->head; n;) {
+        ev_node *nx = n->next;
+        free_node(n);
+        n = nx;
+    }
+    free_node(r->cur);
+    for (int i = 0; i < EN_MAX_STOPS; i++) en_free(r->stops[i]);
+    en_free(r->prompt);
+    en_free(r->blocks);
+    en_sampler_destroy(r->smp);
+    en_detok_destroy(r->dt);
+    en_stop_destroy(r->stop);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    en_free(r);
+}
+
+/* Drop one reference (owner or scheduler); the last one frees. */
+static void request_unref(en_request *r) {
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left == 0) request_free(r);
+}
+
+int en_request_next(en_request *r, en_gen_event *ev, double timeout_s) {
+    pthread_mutex_lock(&r->mu);
+    free_node(r->cur);
+    r->cur = NULL;
+    if (r->finished) {
+        pthread_mutex_unlock(&r->mu);
+        return 0;
+    }
+    if (!r->head && timeout_s > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double t = ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        while (!r->head)
+            if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0) break;
+    }
+    ev_node *n = r->head;
+    if (n) {
+        r->head = n->next;
+        if (!r->head) r->tail = NULL;
+        n->next = NULL;
+        r->cur = n;
+        *ev = n->ev;
+        if (n->ev.kind == EN_EV_DONE) r->finished = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n != NULL;
+}
+
+void en_request_cancel(en_request *r) {
+    pthread_mutex_lock(&r->mu);
+    r->cancelled = 1;
+    int live = r->refs > 1; /* the scheduler still holds it (so the engine exists) */
+    pthread_mutex_unlock(&r->mu);
+    if (!live) return;
+    /* wake an idle scheduler so the blocks come back now */
+    pthread_mutex_lock(&r->e->mu);
+    pthread_cond_signal(&r->e->cv);
+    pthread_mutex_unlock(&r->e->mu);
+}
+
+void en_request_release(en_request *r) {
+    if (!r) return;
+    en_request_cancel(r);
+    request_unref(r);
+}
+
+static int is_cancelled(en_request *r) {
+    pthread_mutex_lock(&r->mu);
+    int c = r->cancelled;
+    pthread_mutex_unlock(&r->mu);
+    return c;
+}
+
+/* ---- statistics ---- */
+
+static const double k_bounds[EN_ENGINE_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                  0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
+
+static void hist_add(uint64_t *count, double *sum, uint64_t *n, double x) {
+    int i = 0;
+    while (i < EN_ENGINE_HIST_N && x > k_bounds[i]) i++;
+    count[i]++;
+    *sum += x;
+    (*n)++;
+}
+
+void en_engine_get_stats(en_engine *e, en_engine_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->st;
+    st->waiting = e->n_waiting;
+    pthread_mutex_unlock(&e->mu);
+    /* buckets are cumulative in Prometheus */
+    for (int i = 1; i <= EN_ENGINE_HIST_N; i++) {
+        st->ttft_count[i] += st->ttft_count[i - 1];
+        st->itl_count[i] += st->itl_count[i - 1];
+    }
+}
+
+/* ---- the scheduler ---- */
+
+/* End a request: DONE event (with what the stop matcher and the decoder
+ * still hold unless a stop string cut the text), blocks back, scheduler's
+ * reference dropped. */
+static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
+    char *rest = NULL;
+    size_t rest_len = 0;
+    if (flush && r->dt && r->stop) {
+        const char *piece = NULL, *out = NULL;
+        size_t plen = 0, olen = 0;
+        en_err err = {0};
+        if (en_detok_flush(r->dt, &piece, &plen, &err) == EN_OK && plen) {
+            /* the decoder's tail goes through the stop matcher too */
+            if (en_stop_push(r->stop, piece, plen, &out, &olen)) {
+                reason = "stop";
+                flush = 0;
+            }
+            if (olen && (rest = en_malloc(olen))) memcpy(rest, out, rest_len = olen);
+        }
+        if (flush) {
+            en_stop_flush(r->stop, &out, &olen);
+            if (olen) {
+                char *nr = en_realloc(rest, rest_len + olen);
+                if (nr) {
+                    memcpy(nr + rest_len, out, olen);
+                    rest = nr;
+                    rest_len += olen;
+                }
+            }
+        }
+    }
+    double t = now_s();
+    en_gen_event ev = {0};
+    ev.kind = EN_EV_DONE;
+    ev.finish_reason = reason;
+    ev.prompt_tokens = r->n_prompt;
+    ev.completion_tokens = r->n_gen;
+    ev.queue_s = (r->t_admit > 0 ? r->t_admit : t) - r->t_submit;
+    ev.first_token_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
+    ev.total_s = t - r->t_submit;
+    pthread_mutex_lock(&e->mu);
+    if (r->n_blocks) {
+        en_kv_pool_free(e->kv, r->blocks, r->n_blocks);
+        r->n_blocks = 0;
+        e->st.kv_blocks_used = e->st.kv_blocks_total - en_kv_pool_n_free(e->kv);
+    }
+    if (strcmp(reason, "cancelled") == 0)
+        e->st.requests_cancelled++;
+    else
+        e->st.requests_done++;
+    pthread_mutex_unlock(&e->mu);
+    r->state = RS_DONE;
+    push_event(r, &ev, rest ? rest : "", rest_len);
+    en_free(rest);
+    request_unref(r);
+}
+
+/* log-softmax of logits into lp; returns lp. */
+static void log_softmax(const float *x, float *lp, int V) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (x[i] > mx) mx = x[i];
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp((double)x[i] - mx);
+    float lse = mx + (float)log(s);
+    for (int i = 0; i < V; i++) lp[i] = x[i] - lse;
+}
+
+/* The k most likely ids (descending; ties by lower id). */
+static int top_k_ids(const float *lp, int V, int k, int32_t *ids, float *vals) {
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        if (n == k && lp[i] <= vals[n - 1]) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && vals[j - 1] < lp[i]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = lp[i];
+        ids[j] = i;
+    }
+    return n;
+}
+
+/* A sampled token: events, text, stop conditions. Returns 1 when the
+ * request is finished (and has been finished). */
+static int on_token(en_engine *e, en_request *r, float *logits) {
+    en_gen_event ev = {0};
+    ev.kind = EN_EV_TOKEN;
+    if (r->p.logprobs) log_softmax(logits, e->lp, e->n_vocab);
+    int32_t id = en_sampler_sample(r->smp, logits);
+    en_sampler_accept(r->smp, id);
+    double t = now_s();
+    pthread_mutex_lock(&e->mu);
+    e->st.generated_tokens++;
+    if (r->t_first == 0)
+        hist_add(e->st.ttft_count, &e->st.ttft_sum, &e->st.ttft_n, t - r->t_submit);
+    else
+        hist_add(e->st.itl_count, &e->st.itl_sum, &e->st.itl_n, t - r->t_last);
+    pthread_mutex_unlock(&e->mu);
+    if (r->t_first == 0) r->t_first = t;
+    r->t_last = t;
+    if (id == e->eos && !r->p.ignore_eos) {
+        finish(e, r, "stop", 1);
+        return 1;
+    }
+    r->n_gen++;
+    r->next_tok = id;
+    ev.token = id;
+    if (r->p.logprobs) {
+        ev.logprob = e->lp[id];
+        if (r->p.top_logprobs > 0)
+            ev.n_top = top_k_ids(e->lp, e->n_vocab, r->p.top_logprobs, ev.top_ids, ev.top_logprobs);
+    }
+    const char *piece = "", *out = "";
+    size_t plen = 0, olen = 0;
+    en_err err = {0};
+    if (en_detok_push(r->dt, id, &piece, &plen, &err) != EN_OK) plen = 0;
+    if (plen && r->strip_pending) {
+        r->strip_pending = 0;
+        if (piece[0] == ' ') piece++, plen--;
+    }
+    int stopped = plen ? en_stop_push(r->stop, piece, plen, &out, &olen) : 0;
+    push_event(r, &ev, out, olen);
+    if (stopped) {
+        finish(e, r, "stop", 0);
+        return 1;
+    }
+    if (r->n_gen >= r->p.max_tokens) {
+        finish(e, r, "length", 1);
+        return 1;
+    }
+    return 0;
+}
+
+/* Waiting -> running while there is room: the oldest first; one that does
+ * not fit yet holds the line (no starvation of long requests). */
+static void admit(en_engine *e) {
+    const int bs = e->cfg.block_size;
+    pthread_mutex_lock(&e->mu);
+    en_request **pp = &e->wait_head, *prev = NULL;
+    while (*pp) {
+        en_request *r = *pp;
+        int drop = is_cancelled(r);
+        int take = 0;
+        if (!drop) {
+            if (e->n_running >= e->cfg.max_batch) break;
+            int need = (r->n_prompt + r->p.max_tokens + bs - 1) / bs;
+            r->blocks = en_malloc((size_t)need * sizeof(int32_t));
+            if (!r->blocks) break; /* try again next step */
+            if (!en_kv_pool_alloc(e->kv, need, r->blocks)) {
+                en_free(r->blocks);
+                r->blocks = NULL;
+                break;
+            }
+            r->n_blocks = need;
+            take = 1;
+        }
+        /* unlink */
+        *pp = r->next;
+        if (e->wait_tail == r) e->wait_tail = prev;
+        r->next = NULL;
+        e->n_waiting--;
+        if (take) {
+            r->state = RS_RUNNING;
+            r->t_admit = now_s();
+            e->running[e->n_running++] = r;
+            e->st.kv_blocks_used = e->st.kv_blocks_total - en_kv_pool_n_free(e->kv);
+        } else {
+            pthread_mutex_unlock(&e->mu);
+            finish(e, r, "cancelled", 0);
+            pthread_mutex_lock(&e->mu);
+        }
+    }
+    e->st.running = e->n_running;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Remove finished / cancelled requests from the running list. */
+static void sweep(en_engine *e) {
+    int k = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        en_request *r = e->running[i];
+        if (r->state == RS_RUNNING && is_cancelled(r)) finish(e, r, "cancelled", 0);
+        if (r->state == RS_RUNNING) e->running[k++] = r;
+    }
+    e->n_running = k;
+    pthread_mutex_lock(&e->mu);
+    e->st.running = k;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* One step: decode tokens of every decoding request plus prompt chunks of
+ * those still prefilling, up to prefill_chunk prompt tokens in all. */
+static void step(en_engine *e) {
+    int ns = 0, budget = e->cfg.prefill_chunk;
+    uint64_t prompt_tokens = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        en_request *r = e->running[i];
+        en_batch_seq *s = &e->seqs[ns];
+        if (r->n_fed < r->n_prompt) {
+            if (budget == 0) continue;
+            int n = r->n_prompt - r->n_fed;
+            if (n > budget) n = budget;
+            budget -= n;
+            prompt_tokens += (uint64_t)n;
+            *s = (en_batch_seq){r->prompt + r->n_fed, n, r->n_fed, r->blocks, r->n_blocks, NULL};
+            /* logits only when the prompt is done: the first token */
+            if (r->n_fed + n == r->n_prompt) s->logits = e->logits + (size_t)ns * e->n_vocab;
+        } else {
+            *s = (en_batch_seq){&r->next_tok, 1, r->n_prompt + r->n_gen - 1, r->blocks,
+                                r->n_blocks, e->logits + (size_t)ns * e->n_vocab};
+        }
+        e->seq_req[ns++] = r;
+    }
+    if (!ns) return;
+    en_err err = {0};
+    if (en_model_forward_batch(e->batch, e->kv, e->seqs, ns, &err) != EN_OK) {
+        /* Every input was checked at submit: this is a bug, not user input.
+         * End the step's requests rather than the server. */
+        EN_LOGE("engine: forward step failed: %s", err.msg);
+        for (int i = 0; i < ns; i++) finish(e, e->seq_req[i], "cancelled", 0);
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->st.steps++;
+    e->st.prompt_tokens += prompt_tokens;
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < ns; i++) {
+        en_request *r = e->seq_req[i];
+        en_batch_seq *s = &e->seqs[i];
+        if (r->n_fed < r->n_prompt) r->n_fed += s->n;
+        if (s->logits) on_token(e, r, s->logits);
+    }
+}
+
+static void *scheduler_main(void *arg) {
+    en_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stopping && !e->wait_head && e->n_running == 0)
+            pthread_cond_wait(&e->cv, &e->mu);
+        int stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (stopping) break;
+        sweep(e);
+        admit(e);
+        step(e);
+        sweep(e);
+    }
+    /* shutting down: everything still here ends as cancelled */
+    for (int i = 0; i < e->n_running; i++) finish(e, e->running[i], "cancelled", 0);
+    e->n_running = 0;
+    pthread_mutex_lock(&e->mu);
+    en_request *r = e->wait_head;
+    e->wait_head = e->wait_tail = NULL;
+    e->n_waiting = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (r) {
+        en_request *nx = r->next;
+        finish(e, r, "cancelled", 0);
+        r = nx;
+    }
+    return NULL;
+}
+
+/* ---- public API ---- */
+
+en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine_config *cfg,
+                           en_engine **out, en_err *err) {
+    *out = NULL;
+    const en_model_hparams *hp = en_model_get_hparams(m);
+    en_engine_config c = cfg ? *cfg : en_engine_config_default();
+    en_engine_config d = en_engine_config_default();
+    if (c.max_batch == 0) c.max_batch = d.max_batch;
+    if (c.block_size == 0) c.block_size = d.block_size;
+    if (c.max_queue == 0) c.max_queue = d.max_queue;
+    if (c.prefill_chunk == 0) c.prefill_chunk = d.prefill_chunk;
+    if (c.n_ctx == 0) c.n_ctx = hp->max_pos < 4096 ? hp->max_pos : 4096;
+    if (c.max_batch < 1 || c.max_batch > 4096)
+        return EN_ERR(err, EN_ERR_ARG, "max_batch %d outside [1, 4096]", c.max_batch);
+    if (c.block_size < 1 || c.block_size > 1024)
+        return EN_ERR(err, EN_ERR_ARG, "block_size %d outside [1, 1024]", c.block_size);
+    if (c.max_queue < 1) return EN_ERR(err, EN_ERR_ARG, "max_queue %d must be >= 1", c.max_queue);
+    if (c.prefill_chunk < 1)
+        return EN_ERR(err, EN_ERR_ARG, "prefill_chunk %d must be >= 1", c.prefill_chunk);
+    if (c.n_ctx < 2 || c.n_ctx > hp->max_pos)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "context %d outside [2, %d] (the model's max_position_embeddings)", c.n_ctx,
+                      hp->max_pos);
+    const en_model_hparams *hl = en_model_get_local_hparams(m);
+    size_t row_bytes = 2 * (size_t)hp->n_layer * hl->n_kv_head * hl->head_dim * sizeof(float);
+    if (c.kv_cache_tokens == 0) {
+        /* eight full contexts, or what fits 1 GiB if less, but one at least */
+        int64_t fit = (int64_t)((1u << 30) / row_bytes);
+        int64_t want = 8 * (int64_t)c.n_ctx;
+        if (want > fit) want = fit;
+        if (want < c.n_ctx) want = c.n_ctx;
+        c.kv_cache_tokens = (int)want;
+    }
+    if (c.kv_cache_tokens < c.n_ctx)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "kv_cache_tokens %d is less than one context of %d tokens", c.kv_cache_tokens,
+                      c.n_ctx);
+    if (en_tokenizer_n_vocab(tok) > hp->n_vocab)
+        return EN_ERR(err, EN_ERR_ARG, "the tokenizer has %d pieces but the model only %d",
+                      en_tokenizer_n_vocab(tok), hp->n_vocab);
+
+    en_engine *e = en_calloc(1, sizeof *e);
+    if (!e) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    e->m = m;
+    e->tok = tok;
+    e->n_vocab = hp->n_vocab;
+    e->eos = en_tokenizer_eos(tok);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    int n_blocks = (c.kv_cache_tokens + c.block_size - 1) / c.block_size;
+    c.kv_cache_tokens = n_blocks * c.block_size;
+    e->cfg = c;
+    en_status s = en_kv_pool_create(m, n_blocks, c.block_size, &e->kv, err);
+    if (s == EN_OK)
+        s = en_batch_create(m, c.max_batch + c.prefill_chunk, c.max_batch, c.n_ctx, &e->batch,
+                            err);
+    if (s == EN_OK) {
+        e->running = en_calloc((size_t)c.max_batch, sizeof *e->running);
+        e->seqs = en_calloc((size_t)c.max_batch, sizeof *e->seqs);
+        e->seq_req = en_calloc((size_t)c.max_batch, sizeof *e->seq_req);
+        e->logits = en_malloc((size_t)c.max_batch * hp->n_vocab * sizeof(float));
+        e->lp = en_malloc((size_t)hp->n_vocab * sizeof(float));
+        if (!e->running || !e->seqs || !e->seq_req || !e->logits || !e->lp)
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for a batch of %d", c.max_batch);
+    }
+    if (s != EN_OK) {
+        en_engine_destroy(e);
+        return s;
+    }
+    e->st.kv_blocks_total = n_blocks;
+    e->st.block_size = c.block_size;
+    memcpy(e->st.hist_bounds, k_bounds, sizeof k_bounds);
+    /* identical requests give identical text whatever shares their batch */
+    en_backend_set_batch_invariant(en_model_get_backend(m), 1);
+    if (pthread_create(&e->thread, NULL, scheduler_main, e) != 0) {
+        en_engine_destroy(e);
+        return EN_ERR(err, EN_ERR_NOMEM, "cannot start the scheduler thread");
+    }
+    e->thread_started = 1;
+    *out = e;
+    return EN_OK;
+}
+
+void en_engine_destroy(en_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stopping = 1;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    en_batch_destroy(e->batch);
+    en_kv_pool_destroy(e->kv);
+    en_free(e->running);
+    en_free(e->seqs);
+    en_free(e->seq_req);
+    en_free(e->logits);
+    en_free(e->lp);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    en_free(e);
+}
+
+int en_engine_n_ctx(const en_engine *e) { return e->cfg.n_ctx; }
+const en_engine_config *en_engine_get_config(const en_engine *e) { return &e->cfg; }
+
+en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen_params *p,
+                           en_request **out, en_err *err) {
+    *out = NULL;
+    if (n < 1) return EN_ERR(err, EN_ERR_ARG, "the prompt is empty");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= e->n_vocab)
+            return EN_ERR(err, EN_ERR_ARG, "prompt token %d is %d, outside [0, %d)", i, ids[i],
+                          e->n_vocab);
+    en_status s = en_sampler_config_check(&p->sampling, err);
+    if (s != EN_OK) return s;
+    if (p->max_tokens < 1)
+        return EN_ERR(err, EN_ERR_ARG, "max_tokens %d must be at least 1", p->max_tokens);
+    if ((int64_t)n + p->max_tokens > e->cfg.n_ctx)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "context_length_exceeded: this model's context is %d tokens, but %d were "
+                      "asked for (%d in the prompt, %d to generate)",
+                      e->cfg.n_ctx, n + p->max_tokens, n, p->max_tokens);
+    if (p->n_stop < 0 || p->n_stop > EN_MAX_STOPS)
+        return EN_ERR(err, EN_ERR_ARG, "at most %d stop strings (got %d)", EN_MAX_STOPS,
+                      p->n_stop);
+    for (int i = 0; i < p->n_stop; i++)
+        if (!p->stop[i] || strlen(p->stop[i]) > 256)
+            return EN_ERR(err, EN_ERR_ARG, "stop string %d is missing or longer than 256 bytes", i);
+    if (p->top_logprobs < 0 || p->top_logprobs > EN_MAX_TOP_LOGPROBS)
+        return EN_ERR(err, EN_ERR_ARG, "top_logprobs %d outside [0, %d]", p->top_logprobs,
+                      EN_MAX_TOP_LOGPROBS);
+
+    en_request *r = en_calloc(1, sizeof *r);
+    if (!r) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->e = e;
+    r->p = *p;
+    r->p.stop = NULL;
+    r->refs = 2;
+    r->n_prompt = n;
+    r->strip_pending = p->strip_leading_space;
+    r->prompt = en_malloc((size_t)n * sizeof(int32_t));
+    s = r->prompt ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK) memcpy(r->prompt, ids, (size_t)n * sizeof(int32_t));
+    for (int i = 0; i < p->n_stop && s == EN_OK; i++)
+    {
+        size_t len = strlen(p->stop[i]);
+        if (!(r->stops[i] = en_malloc(len + 1))) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        else memcpy(r->stops[i], p->stop[i], len + 1);
+    }
+    if (s == EN_OK) s = en_sampler_create(&p->sampling, e->n_vocab, &r->smp, err);
+    if (s == EN_OK) s = en_detok_create(e->tok, &r->dt, err);
+    if (s == EN_OK)
+        s = en_stop_create((const char *const *)r->stops, p->n_stop, &r->stop, err);
+    /* Prime the decoder with the prompt so the first piece keeps its
+     * leading space as it would in the middle of a text. */
+    for (int i = 0; i < n && s == EN_OK; i++) {
+        const char *piece;
+        size_t plen;
+        s = en_detok_push(r->dt, ids[i], &piece, &plen, err);
+    }
+    if (s != EN_OK) {
+        request_free(r);
+        return s;
+    }
+    r->t_submit = now_s();
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) s = EN_ERR(err, EN_ERR_CANCELLED, "the server is shutting down");
+    else if (e->n_waiting >= e->cfg.max_queue)
+        s = EN_ERR(err, EN_ERR_BUSY, "the queue is full (%d requests waiting); try again later",
+                   e->n_waiting);
+    if (s == EN_OK) {
+        if (e->wait_tail)
+            e->wait_tail->next = r;
+        else
+            e->wait_head = r;
+        e->wait_tail = r;
+        e->n_waiting++;
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (s != EN_OK) {
+        request_free(r);
+        return s;
+    }
+    *out = r;
+    return EN_OK;
+}
