@@ -65,6 +65,38 @@ static void check_same(const char *name, const float *a, const float *b, size_t 
 
 /* ---- matmul ---- */
 
+/* Batch-invariant mode: every row of an M-row product is bit-identical to
+ * the same row computed alone (M = 1) and within tolerance of float64. */
+static void test_matmul_invariant(const backends *bs, en_test_rng *r, int M, int N, int K) {
+    char name[96];
+    snprintf(name, sizeof name, "batch-invariant matmul M=%d N=%d K=%d", M, N, K);
+    float *x = rand_buf(r, (size_t)M * K, -1, 1);
+    float *w = rand_buf(r, (size_t)N * K, -1, 1);
+    float *bias = rand_buf(r, (size_t)N, -1, 1);
+    double *ref = ref_buf((size_t)M * N);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double acc = bias[n];
+            for (int k = 0; k < K; k++) acc += (double)x[(size_t)m * K + k] * w[(size_t)n * K + k];
+            ref[(size_t)m * N + n] = acc;
+        }
+    for (int b = 0; b < 2; b++) {
+        en_backend_set_batch_invariant(bs->be[b], 1);
+        float *all = nan_buf((size_t)M * N), *one = nan_buf((size_t)N);
+        en_op_matmul(bs->be[b], all, x, w, bias, M, N, K);
+        en_test_close_f64(name, all, ref, (size_t)M * N, ATOL, RTOL);
+        int same = 1;
+        for (int m = 0; m < M; m += 1 + m / 3) { /* rows spread over the batch */
+            en_op_matmul(bs->be[b], one, x + (size_t)m * K, w, bias, 1, N, K);
+            same &= memcmp(one, all + (size_t)m * N, (size_t)N * sizeof(float)) == 0;
+        }
+        CHECK(same, "%s: a row differs from the same row alone", name);
+        en_backend_set_batch_invariant(bs->be[b], 0);
+        free(all), free(one);
+    }
+    free(x), free(w), free(bias), free(ref);
+}
+
 static void test_matmul(const backends *bs, en_test_rng *r, int M, int N, int K, int with_bias) {
     char name[96];
     snprintf(name, sizeof name, "matmul M=%d N=%d K=%d%s", M, N, K, with_bias ? " +bias" : "");
@@ -336,6 +368,38 @@ static void test_attention(const backends *bs, en_test_rng *r, const attn_case *
     }
     en_test_close_f64(name, out[0], ref, n, ATOL, RTOL);
     check_same(name, out[0], out[1], n);
+
+    /* The same keys scattered over a larger pool in shuffled rows (the
+     * paged KV cache): en_op_rows_scatter puts them there, and
+     * en_op_attention_rows must give the same reference; unused pool rows
+     * are NaN. */
+    char rname[200];
+    snprintf(rname, sizeof rname, "attention_rows + rows_scatter, %s", name + 10);
+    const int P = 2 * S + 3;
+    int32_t *rows = malloc((size_t)P * sizeof *rows);
+    for (int i = 0; i < P; i++) rows[i] = i;
+    for (int i = P - 1; i > 0; i--) { /* Fisher-Yates */
+        int j = (int)(en_test_rng_u64(r) % (uint64_t)(i + 1));
+        int32_t t = rows[i];
+        rows[i] = rows[j];
+        rows[j] = t;
+    }
+    for (int b = 0; b < 2; b++) {
+        float *kp = nan_buf((size_t)P * kvs), *vp = nan_buf((size_t)P * kvs);
+        en_op_rows_scatter(bs->be[b], kp, kvs, rows, k, kvs, S, (int)kvs);
+        en_op_rows_scatter(bs->be[b], vp, kvs, rows, v, kvs, S, (int)kvs);
+        int scatter_ok = 1;
+        for (int s = 0; s < S; s++)
+            scatter_ok &= memcmp(kp + (size_t)rows[s] * kvs, k + (size_t)s * kvs,
+                                 kvs * sizeof(float)) == 0;
+        CHECK(scatter_ok, "rows_scatter moved rows wrongly (%s)", rname);
+        en_op_attention_rows(bs->be[b], out[b], q, qs, kp, vp, kvs, rows, pos, T, S, H, Hkv, D,
+                             c->window);
+        free(kp), free(vp);
+    }
+    en_test_close_f64(rname, out[0], ref, n, ATOL, RTOL);
+    check_same(rname, out[0], out[1], n);
+    free(rows);
     free(q), free(k), free(v), free(pos), free(ref), free(p), free(out[0]), free(out[1]);
 }
 
@@ -507,6 +571,8 @@ int main(void) {
     test_matmul(&bs, &r, 301, 70, 0, 1); /* K = 0, parallel bias loop */
     test_matmul(&bs, &r, 67, 130, 259, 1); /* large enough for OpenBLAS threads */
     test_matmul(&bs, &r, 129, 75, 515, 0);
+    test_matmul_invariant(&bs, &r, 67, 130, 259);
+    test_matmul_invariant(&bs, &r, 33, 7, 1000); /* N not a multiple of 4 */
 
     test_rmsnorm(&bs, &r, 1, 1, 1e-5f, 1, 0);
     test_rmsnorm(&bs, &r, 3, 7, 1e-5f, 3, 0);
