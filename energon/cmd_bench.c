@@ -8,6 +8,8 @@
  *          logits; reports tokens/s and the weight bytes read per second
  *          (every step reads every weight once: param_bytes * tokens/s).
  * Token ids are a fixed pseudo-random sequence: speed does not depend on them.
+ * `energon bench serve` (load-testing a server over HTTP) is in
+ * cmd_bench_serve.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +21,11 @@
 
 #define CMD "bench"
 
+int en_cmd_bench_serve(int argc, char **argv); /* cmd_bench_serve.c */
+
 static void usage(FILE *f) {
     fprintf(f, "usage: energon bench decode|prefill|train --model DIR [options]\n"
+               "       energon bench serve --url URL [options]  (see bench serve --help)\n"
                "  train: --batch B --seq-len T (default 4 x 256), --lora-rank R for LoRA;\n"
                "         times forward + backward + AdamW per step on random tokens\n"
                "  --tokens N     tokens per measurement (default: prefill 128, decode 64)\n"
@@ -161,9 +166,10 @@ int en_cmd_bench(int argc, char **argv) {
         return argc < 2 ? EN_EXIT_USAGE : EN_EXIT_OK;
     }
     const char *mode = argv[1];
+    if (strcmp(mode, "serve") == 0) return en_cmd_bench_serve(argc - 1, argv + 1);
     int is_decode = strcmp(mode, "decode") == 0, is_train = strcmp(mode, "train") == 0;
     if (!is_decode && !is_train && strcmp(mode, "prefill") != 0) {
-        en_cli_error(CMD, "unknown benchmark '%s' (decode, prefill, train)", mode);
+        en_cli_error(CMD, "unknown benchmark '%s' (decode, prefill, train, serve)", mode);
         return EN_EXIT_USAGE;
     }
     en_cli_load_opts lo = {0};
