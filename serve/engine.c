@@ -39,11 +39,14 @@ struct en_request {
     double t_submit;
     /* scheduler only */
     int state;
-    int n_fed;        /* prompt tokens in the cache */
+    int32_t *toks;    /* prompt, then every sampled token: (n_prompt + max_tokens) */
+    int n_tok;        /* tokens known: n_prompt + n_gen */
+    int n_fed;        /* of which in the KV cache */
+    int n_step;       /* tokens this step feeds */
     int n_gen;        /* tokens sampled (eos excluded) */
-    int32_t next_tok; /* token to feed on the next decode step */
-    int32_t *blocks;
-    int n_blocks;
+    int32_t *blocks;  /* block table, room for (n_prompt + max_tokens) tokens */
+    int n_blocks;     /* blocks held now */
+    int preempted;    /* times its blocks were taken back (recomputed later) */
     int strip_pending;
     en_sampler *smp;
     en_detok *dt;
@@ -155,6 +158,7 @@ static void request_free(en_request *r) {
     free_node(r->cur);
     for (int i = 0; i < EN_MAX_STOPS; i++) en_free(r->stops[i]);
     en_free(r->prompt);
+    en_free(r->toks);
     en_free(r->blocks);
     en_sampler_destroy(r->smp);
     en_detok_destroy(r->dt);
@@ -360,8 +364,8 @@ static int on_token(en_engine *e, en_request *r, float *logits) {
         finish(e, r, "stop", 1);
         return 1;
     }
+    r->toks[r->n_tok++] = id;
     r->n_gen++;
-    r->next_tok = id;
     ev.token = id;
     if (r->p.logprobs) {
         ev.logprob = e->lp[id];
@@ -389,47 +393,106 @@ static int on_token(en_engine *e, en_request *r, float *logits) {
     return 0;
 }
 
-/* Waiting -> running while there is room: the oldest first; one that does
- * not fit yet holds the line (no starvation of long requests). */
+static void update_kv_stats(en_engine *e) { /* under e->mu */
+    e->st.kv_blocks_used = e->st.kv_blocks_total - en_kv_pool_n_free(e->kv);
+}
+
+/* Blocks free for admissions: a small reserve stays back for the running
+ * requests' next tokens, so that an admission does not force a preemption
+ * at the very next step. Under e->mu. */
+static int admit_budget(const en_engine *e) {
+    int free_blocks = en_kv_pool_n_free(e->kv);
+    return e->n_running == 0 ? free_blocks : free_blocks - (e->st.kv_blocks_total / 64 + 1);
+}
+
+/* Waiting -> running while there is room in the batch and blocks for the
+ * request's known tokens plus the next one: the oldest first (preempted
+ * requests are back at the head); one that does not fit yet holds the line,
+ * so long prompts are not starved by short ones. Blocks for later tokens
+ * are taken step by step (ensure_blocks). */
 static void admit(en_engine *e) {
     const int bs = e->cfg.block_size;
     pthread_mutex_lock(&e->mu);
-    en_request **pp = &e->wait_head, *prev = NULL;
-    while (*pp) {
-        en_request *r = *pp;
+    while (e->wait_head) {
+        en_request *r = e->wait_head;
         int drop = is_cancelled(r);
-        int take = 0;
         if (!drop) {
             if (e->n_running >= e->cfg.max_batch) break;
-            int need = (r->n_prompt + r->p.max_tokens + bs - 1) / bs;
-            r->blocks = en_malloc((size_t)need * sizeof(int32_t));
-            if (!r->blocks) break; /* try again next step */
-            if (!en_kv_pool_alloc(e->kv, need, r->blocks)) {
-                en_free(r->blocks);
-                r->blocks = NULL;
-                break;
-            }
+            int need = (r->n_tok + 1 + bs - 1) / bs;
+            if (need > admit_budget(e) || !en_kv_pool_alloc(e->kv, need, r->blocks)) break;
             r->n_blocks = need;
-            take = 1;
         }
-        /* unlink */
-        *pp = r->next;
-        if (e->wait_tail == r) e->wait_tail = prev;
+        e->wait_head = r->next;
+        if (!e->wait_head) e->wait_tail = NULL;
         r->next = NULL;
         e->n_waiting--;
-        if (take) {
-            r->state = RS_RUNNING;
-            r->t_admit = now_s();
-            e->running[e->n_running++] = r;
-            e->st.kv_blocks_used = e->st.kv_blocks_total - en_kv_pool_n_free(e->kv);
-        } else {
+        if (drop) {
             pthread_mutex_unlock(&e->mu);
             finish(e, r, "cancelled", 0);
             pthread_mutex_lock(&e->mu);
+            continue;
         }
+        r->state = RS_RUNNING;
+        if (r->t_admit == 0) {
+            r->t_admit = now_s();
+            e->st.prompt_tokens += (uint64_t)r->n_prompt;
+        }
+        e->running[e->n_running++] = r;
+        update_kv_stats(e);
     }
     e->st.running = e->n_running;
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Take a running request's blocks back and queue it first in line: when
+ * it is admitted again, its prompt and the tokens it has produced so far are
+ * prefilled anew (bit-identical in batch-invariant mode) and it goes on
+ * where it stopped. Its events, sampler and stop matcher are untouched. */
+static void preempt(en_engine *e, int idx) {
+    en_request *r = e->running[idx];
+    memmove(e->running + idx, e->running + idx + 1,
+            (size_t)(e->n_running - idx - 1) * sizeof *e->running);
+    e->n_running--;
+    pthread_mutex_lock(&e->mu);
+    en_kv_pool_free(e->kv, r->blocks, r->n_blocks);
+    r->n_blocks = 0;
+    r->n_fed = 0;
+    r->n_step = 0;
+    r->preempted++;
+    r->state = RS_WAITING;
+    r->next = e->wait_head;
+    e->wait_head = r;
+    if (!e->wait_tail) e->wait_tail = r;
+    e->n_waiting++;
+    e->st.preemptions++;
+    e->st.running = e->n_running;
+    update_kv_stats(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Blocks for every running request's tokens of this step; when the pool is
+ * empty the most recently admitted request is preempted (possibly the one
+ * asking). Returns with every remaining running request covered. */
+static void ensure_blocks(en_engine *e) {
+    const int bs = e->cfg.block_size;
+    for (int i = 0; i < e->n_running;) {
+        en_request *r = e->running[i];
+        int need = (r->n_fed + r->n_step + bs - 1) / bs - r->n_blocks;
+        int ok = need <= 0;
+        if (!ok) {
+            pthread_mutex_lock(&e->mu);
+            ok = en_kv_pool_alloc(e->kv, need, r->blocks + r->n_blocks);
+            if (ok) {
+                r->n_blocks += need;
+                update_kv_stats(e);
+            }
+            pthread_mutex_unlock(&e->mu);
+        }
+        if (ok)
+            i++;
+        else
+            preempt(e, e->n_running - 1); /* maybe r itself: then i is past the end */
+    }
 }
 
 /* Remove finished / cancelled requests from the running list. */
@@ -446,27 +509,30 @@ static void sweep(en_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
-/* One step: decode tokens of every decoding request plus prompt chunks of
- * those still prefilling, up to prefill_chunk prompt tokens in all. */
+/* One step: the next token of every decoding request plus prompt chunks
+ * of those still prefilling, at most prefill_chunk prompt tokens in all. A
+ * request whose known tokens are all in the cache after the step gets
+ * logits and samples its next token. */
 static void step(en_engine *e) {
-    int ns = 0, budget = e->cfg.prefill_chunk;
-    uint64_t prompt_tokens = 0;
+    int budget = e->cfg.prefill_chunk;
     for (int i = 0; i < e->n_running; i++) {
         en_request *r = e->running[i];
-        en_batch_seq *s = &e->seqs[ns];
-        if (r->n_fed < r->n_prompt) {
-            if (budget == 0) continue;
-            int n = r->n_prompt - r->n_fed;
-            if (n > budget) n = budget;
-            budget -= n;
-            prompt_tokens += (uint64_t)n;
-            *s = (en_batch_seq){r->prompt + r->n_fed, n, r->n_fed, r->blocks, r->n_blocks, NULL};
-            /* logits only when the prompt is done: the first token */
-            if (r->n_fed + n == r->n_prompt) s->logits = e->logits + (size_t)ns * e->n_vocab;
+        int left = r->n_tok - r->n_fed;
+        if (left == 1) {
+            r->n_step = 1; /* decode */
         } else {
-            *s = (en_batch_seq){&r->next_tok, 1, r->n_prompt + r->n_gen - 1, r->blocks,
-                                r->n_blocks, e->logits + (size_t)ns * e->n_vocab};
+            r->n_step = left < budget ? left : budget;
+            budget -= r->n_step;
         }
+    }
+    ensure_blocks(e);
+    int ns = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        en_request *r = e->running[i];
+        if (r->n_step == 0) continue;
+        en_batch_seq *s = &e->seqs[ns];
+        *s = (en_batch_seq){r->toks + r->n_fed, r->n_step, r->n_fed, r->blocks, r->n_blocks, NULL};
+        if (r->n_fed + r->n_step == r->n_tok) s->logits = e->logits + (size_t)ns * e->n_vocab;
         e->seq_req[ns++] = r;
     }
     if (!ns) return;
@@ -480,13 +546,12 @@ static void step(en_engine *e) {
     }
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
-    e->st.prompt_tokens += prompt_tokens;
     pthread_mutex_unlock(&e->mu);
     for (int i = 0; i < ns; i++) {
         en_request *r = e->seq_req[i];
-        en_batch_seq *s = &e->seqs[i];
-        if (r->n_fed < r->n_prompt) r->n_fed += s->n;
-        if (s->logits) on_token(e, r, s->logits);
+        r->n_fed += e->seqs[i].n;
+        r->n_step = 0;
+        if (e->seqs[i].logits) on_token(e, r, e->seqs[i].logits);
     }
 }
 
@@ -668,6 +733,12 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     r->prompt = en_malloc((size_t)n * sizeof(int32_t));
     s = r->prompt ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (s == EN_OK) memcpy(r->prompt, ids, (size_t)n * sizeof(int32_t));
+    int max_blocks = (n + p->max_tokens + e->cfg.block_size - 1) / e->cfg.block_size;
+    r->toks = en_malloc(((size_t)n + (size_t)p->max_tokens) * sizeof(int32_t));
+    r->blocks = en_malloc((size_t)max_blocks * sizeof(int32_t));
+    if (s == EN_OK && (!r->toks || !r->blocks)) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK) memcpy(r->toks, ids, (size_t)n * sizeof(int32_t));
+    r->n_tok = n;
     for (int i = 0; i < p->n_stop && s == EN_OK; i++)
     {
         size_t len = strlen(p->stop[i]);

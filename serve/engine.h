@@ -12,9 +12,11 @@
  *     prefill_chunk tokens per step across all of them), so a long prompt
  *     never stalls the others' decoding for more than one chunk;
  *   - waiting requests join between steps, oldest first, while there is
- *     room in the batch (max_batch) and free KV blocks for their whole
- *     prompt + max_tokens (reserved at admission, so a running request never
- *     runs out of cache and nothing is ever preempted);
+ *     room in the batch (max_batch) and free KV blocks for their prompt;
+ *     blocks for generated tokens are taken as they come; when the pool is
+ *     empty the most recently admitted request is preempted: its blocks go
+ *     back and it waits first in line, to be prefilled again (prompt plus
+ *     what it generated) and continue where it stopped;
  *   - a request that ends (eos, stop string, max_tokens) or is cancelled
  *     (its client went away) gives its blocks back at once.
  * With the backend in batch-invariant mode (set by en_engine_create) every
@@ -128,6 +130,7 @@ typedef struct en_engine_stats {
     uint64_t prompt_tokens;    /* prompt tokens prefilled */
     uint64_t generated_tokens; /* tokens sampled */
     uint64_t requests_done, requests_cancelled;
+    uint64_t preemptions;      /* running requests whose blocks were taken back */
     /* histograms, cumulative buckets (le = bounds[i]; last bucket is +Inf) */
 #define EN_ENGINE_HIST_N 14
     double hist_bounds[EN_ENGINE_HIST_N]; /* seconds */

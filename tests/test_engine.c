@@ -298,6 +298,43 @@ int main(void) {
     CHECK(st.kv_blocks_used == 0);
     en_engine_destroy(e);
 
+    /* (g) a KV pool of one context: 8 requests of 60-token prompts and 150
+     * tokens each cannot all hold their blocks; the newest are preempted
+     * and recomputed, and still return what they return alone */
+    ec.max_batch = 8;
+    ec.kv_cache_tokens = n_ctx;
+    ec.prefill_chunk = 64;
+    CHECK(en_engine_create(m, tok, &ec, &e, &err) == EN_OK, "%s", err.msg);
+    en_gen_params pp = gp;
+    pp.max_tokens = 150;
+    pp.logprobs = 0;
+    pp.top_logprobs = 0;
+    static result solo[8], crowd[8];
+    static int32_t pr[8][60];
+    for (int i = 0; i < 8; i++) {
+        for (int t = 0; t < 60; t++) pr[i][t] = 3 + (int32_t)((t * 13 + i * 29) % (V - 3));
+        run_one(e, pr[i], 60, &pp, &solo[i]);
+    }
+    en_request *cr[8] = {0};
+    for (int i = 0; i < 8; i++)
+        CHECK(en_engine_submit(e, pr[i], 60, &pp, &cr[i], &err) == EN_OK, "%s", err.msg);
+    int same_g = 0;
+    for (int i = 0; i < 8; i++) {
+        if (!cr[i]) continue;
+        collect(cr[i], &crowd[i]);
+        en_request_release(cr[i]);
+        same_g += crowd[i].n == 150 && memcmp(crowd[i].ids, solo[i].ids, 150 * 4) == 0 &&
+                  crowd[i].len == solo[i].len && memcmp(crowd[i].text, solo[i].text, solo[i].len) == 0;
+    }
+    en_engine_get_stats(e, &st);
+    printf("(g) pool of %d blocks, 8 x 210 tokens: %llu preemptions, %d of 8 identical to alone, "
+           "blocks used after: %d\n",
+           st.kv_blocks_total, (unsigned long long)st.preemptions, same_g, st.kv_blocks_used);
+    CHECK(st.preemptions > 0, "the pool was too small for all: some must have been preempted");
+    CHECK(same_g == 8 && st.kv_blocks_used == 0);
+    en_engine_destroy(e);
+
+    ec.kv_cache_tokens = 0;
     ec.max_batch = 1;
     ec.max_queue = 2;
     CHECK(en_engine_create(m, tok, &ec, &e, &err) == EN_OK, "%s", err.msg);
