@@ -1,11 +1,260 @@
-/* cmd_serve.c - placeholder until the command lands (issue 5). */
+/*
+ * cmd_serve.c - `energon serve`: load a model, start the serving engine
+ * (continuous batching over a paged KV cache) and the OpenAI-compatible HTTP
+ * server, and run until SIGTERM or SIGINT.
+ *
+ * Order: bind first (a taken port fails before minutes of loading; /health
+ * says 503 meanwhile), then load the model and create the engine, then hand
+ * them to the server. Signals are blocked in every thread and taken by
+ * sigwait in this one, so no work happens in a signal handler. On a signal:
+ * stop accepting, let running requests finish within --grace seconds,
+ * cancel the rest, exit 0.
+ */
+#include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "../common/file.h"
+#include "../serve/engine.h"
+#include "../serve/server.h"
+#include "../tokenizer/chat.h"
 #include "cli.h"
 
+#define CMD "serve"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: energon serve --model DIR [options]\n"
+            "\n"
+            "Serve the model in DIR (a Hugging Face directory with tokenizer.model) over an\n"
+            "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,\n"
+            "/health, /metrics, /tokenize, /detokenize and a chat page at /.\n"
+            "\n"
+            "  --adapter RUN_DIR       a LoRA adapter (run directory or PEFT directory)\n"
+            "  --host ADDR             address to bind (default 127.0.0.1: this machine only)\n"
+            "  --port N                TCP port (default 8080; 0 = any free port)\n"
+            "  --api-key KEY           require 'Authorization: Bearer KEY'\n"
+            "  --api-key-file F        the same, with the key read from file F\n"
+            "  --model-name NAME       the model id clients use (default: basename of DIR)\n"
+            "  --chat-template T       plain | llama2 | chatml (default: guessed from\n"
+            "                          DIR/tokenizer_config.json, else plain)\n"
+            "  --ctx N                 context per request, prompt + answer (default: the\n"
+            "                          model's maximum, at most 4096)\n"
+            "  --max-batch N           sequences decoded together (default 32)\n"
+            "  --kv-cache-tokens N     KV-cache budget in tokens (default 8 x --ctx)\n"
+            "  --max-queue N           waiting requests before 429 (default 256)\n"
+            "  --max-body BYTES        largest request body (default 1048576)\n"
+            "  --timeout S             idle / half-sent request timeout (default 30)\n"
+            "  --max-connections N     open connections (default 512)\n"
+            "  --grace S               on SIGTERM, time for running requests (default 30)\n"
+            "  --quiet                 no per-request log lines\n"
+            "  --threads N             CPU threads\n"
+            "  --device cpu|cuda       compute device (default cpu)\n");
+}
+
+/* The key from --api-key-file: the first line, without surrounding space. */
+static char *read_key_file(const char *path) {
+    char *data = NULL;
+    size_t len = 0;
+    en_err err = {0};
+    if (en_file_read_all(path, &data, &len, &err) != EN_OK) {
+        en_cli_error(CMD, "--api-key-file: %s", err.msg);
+        return NULL;
+    }
+    char *s = data;
+    while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') s++;
+    size_t n = strcspn(s, "\r\n");
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
+    if (n == 0) {
+        en_cli_error(CMD, "--api-key-file: %s holds no key", path);
+        en_free(data);
+        return NULL;
+    }
+    memmove(data, s, n);
+    data[n] = 0;
+    return data;
+}
+
+/* The template named by DIR/tokenizer_config.json's "chat_template" (a
+ * string, or a list of {name, template} where "default" wins). 0 when
+ * there is none or it is not one we know. */
+static int guess_template(const char *dir, en_chat_template_id *out) {
+    char *path = en_path_join(dir, "tokenizer_config.json");
+    if (!path) return 0;
+    json_t *j = en_path_exists(path) ? json_load_file(path, 0, NULL) : NULL;
+    en_free(path);
+    if (!j) return 0;
+    const json_t *t = json_object_get(j, "chat_template");
+    const char *s = json_string_value(t);
+    if (json_is_array(t)) {
+        for (size_t i = 0; i < json_array_size(t); i++) {
+            const json_t *it = json_array_get(t, i);
+            const char *name = json_string_value(json_object_get(it, "name"));
+            if (!s || (name && strcmp(name, "default") == 0))
+                s = json_string_value(json_object_get(it, "template"));
+        }
+    }
+    int ok = en_chat_template_guess(s, out);
+    json_decref(j);
+    return ok;
+}
+
+/* The last path component of DIR, without trailing slashes. */
+static void base_name(const char *dir, char *out, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    size_t len = n - b < cap - 1 ? n - b : cap - 1;
+    memcpy(out, dir + b, len);
+    out[len] = 0;
+    if (!out[0]) snprintf(out, cap, "energon");
+}
+
 int en_cmd_serve(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "energon serve: not built yet\n");
-    return EN_EXIT_ERROR;
+    en_cli_load_opts lo = {0};
+    lo.need_tokenizer = 1;
+    en_server_config sc = en_server_config_default();
+    en_engine_config ec = en_engine_config_default();
+    const char *api_key = NULL, *api_key_file = NULL, *tmpl_name = NULL, *model_name = NULL;
+    int grace = 30, quiet = 0, bad = 0, max_body = 0;
+    en_err err = {0};
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v;
+        if (en_cli_switch(argv, i, "--help") || en_cli_switch(argv, i, "-h")) {
+            usage(stdout);
+            return EN_EXIT_OK;
+        } else if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
+        } else if (en_cli_flag(argc, argv, &i, "--host", &v, &bad)) {
+            sc.host = v;
+        } else if (en_cli_flag(argc, argv, &i, "--port", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--port", v, 0, 65535, &sc.port)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--api-key", &v, &bad)) {
+            api_key = v;
+        } else if (en_cli_flag(argc, argv, &i, "--api-key-file", &v, &bad)) {
+            api_key_file = v;
+        } else if (en_cli_flag(argc, argv, &i, "--model-name", &v, &bad)) {
+            model_name = v;
+        } else if (en_cli_flag(argc, argv, &i, "--chat-template", &v, &bad)) {
+            tmpl_name = v;
+        } else if (en_cli_flag(argc, argv, &i, "--ctx", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--ctx", v, 1, 1 << 24, &ec.n_ctx)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--max-batch", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-batch", v, 1, 4096, &ec.max_batch)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--kv-cache-tokens", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--kv-cache-tokens", v, 1, 1 << 30, &ec.kv_cache_tokens))
+                bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--max-queue", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-queue", v, 0, 1 << 24, &ec.max_queue)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--max-body", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-body", v, 1024, 1 << 30, &max_body)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--timeout", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--timeout", v, 1, 86400, &sc.io_timeout_s)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--max-connections", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-connections", v, 1, 65536, &sc.max_connections))
+                bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--grace", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--grace", v, 0, 86400, &grace)) bad = 1;
+        } else if (en_cli_switch(argv, i, "--quiet")) {
+            quiet = 1;
+        } else {
+            en_cli_error(CMD, "unknown argument '%s' (see energon serve --help)", argv[i]);
+            bad = 1;
+        }
+    }
+    if (bad) return EN_EXIT_USAGE;
+    if (!lo.dir) {
+        en_cli_error(CMD, "--model DIR is required (see energon serve --help)");
+        return EN_EXIT_USAGE;
+    }
+    if (lo.tp > 1) {
+        en_cli_error(CMD, "--tp: tensor-parallel serving is not supported; serve on one process");
+        return EN_EXIT_USAGE;
+    }
+    if (api_key && api_key_file) {
+        en_cli_error(CMD, "--api-key and --api-key-file both given; use one");
+        return EN_EXIT_USAGE;
+    }
+    if (api_key && !*api_key) {
+        en_cli_error(CMD, "--api-key: the key is empty");
+        return EN_EXIT_USAGE;
+    }
+    en_chat_template_id tmpl = EN_CHAT_PLAIN;
+    if (tmpl_name) {
+        if (en_chat_template_from_name(tmpl_name, &tmpl, &err) != EN_OK) {
+            en_cli_error(CMD, "--chat-template: %s", err.msg);
+            return EN_EXIT_USAGE;
+        }
+    } else if (!guess_template(lo.dir, &tmpl)) {
+        tmpl = EN_CHAT_PLAIN;
+    }
+    char name_buf[256];
+    base_name(lo.dir, name_buf, sizeof name_buf);
+    char *key_buf = NULL;
+    if (api_key_file && !(key_buf = read_key_file(api_key_file))) return EN_EXIT_USAGE;
+    sc.api_key = key_buf ? key_buf : api_key;
+    sc.model_name = model_name ? model_name : name_buf;
+    sc.chat_template = tmpl;
+    sc.log_requests = !quiet;
+    if (max_body) sc.max_body_bytes = (size_t)max_body;
+
+    /* Block the stop signals before any thread exists (MHD's, the
+     * engine's, OpenMP's), so that every thread inherits the mask and only
+     * sigwait below ever sees them. */
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a client that vanished is an error return, not a death */
+
+    int rc = EN_EXIT_ERROR;
+    en_server *srv = NULL;
+    en_engine *eng = NULL;
+    en_cli_model cm;
+    int loaded = 0;
+    if (en_server_start(NULL, NULL, &sc, &srv, &err) != EN_OK) {
+        en_cli_error(CMD, "%s", err.msg);
+        goto done;
+    }
+    int v6 = strchr(sc.host, ':') != NULL;
+    fprintf(stderr, "energon serve: listening on http://%s%s%s:%d (model %s)\n", v6 ? "[" : "",
+            sc.host, v6 ? "]" : "", en_server_port(srv), sc.model_name);
+    if (!sc.api_key && strcmp(sc.host, "127.0.0.1") != 0 && strcmp(sc.host, "localhost") != 0 &&
+        strcmp(sc.host, "::1") != 0)
+        fprintf(stderr, "energon serve: warning: listening beyond this machine without "
+                        "--api-key: anyone who can reach %s can use the model\n",
+                sc.host);
+
+    rc = en_cli_load(CMD, &lo, &cm);
+    if (rc) goto done;
+    loaded = 1;
+    rc = EN_EXIT_ERROR;
+    if (en_engine_create(cm.model, cm.tok, &ec, &eng, &err) != EN_OK) {
+        en_cli_error(CMD, "%s", err.msg);
+        goto done;
+    }
+    en_server_set_engine(srv, eng, cm.tok);
+    const en_engine_config *got = en_engine_get_config(eng);
+    fprintf(stderr, "energon serve: ready: context %d tokens, batch %d, KV cache %d tokens "
+                    "(%d-token blocks), chat template %s\n",
+            en_engine_n_ctx(eng), got->max_batch, got->kv_cache_tokens, got->block_size,
+            en_chat_template_name(tmpl));
+
+    int sig = 0;
+    while (sigwait(&stop_set, &sig) != 0) {
+    }
+    fprintf(stderr, "energon serve: %s: stopping (running requests get up to %d s)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", grace);
+    rc = EN_EXIT_OK;
+done:
+    /* The server goes first: it borrows the engine and the tokenizer. */
+    en_server_stop(srv, grace);
+    if (eng) en_engine_destroy(eng);
+    if (loaded) en_cli_unload(&cm);
+    en_free(key_buf);
+    if (rc == EN_EXIT_OK) fprintf(stderr, "energon serve: stopped\n");
+    return rc;
 }

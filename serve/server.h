@@ -33,13 +33,24 @@ en_server_config en_server_config_default(void);
 
 typedef struct en_server en_server;
 
-/* Bind and start serving (borrowing e and tok: they must outlive the
- * server). /health answers 200 from here on. Errors name the address. */
+/* Bind and start serving, borrowing e and tok (they must outlive the
+ * server, or until en_server_set_engine replaces NULLs). e and tok may both
+ * be NULL: the server then answers /health with 503 and generation,
+ * tokenizer and /v1/models requests with 503 until en_server_set_engine,
+ * so that a caller can bind (and fail fast on a taken port) before loading
+ * a model. cfg is copied (strings too). Errors: EN_ERR_ARG for a bad config
+ * (names the field), EN_ERR_IO when the address cannot be bound (names it).
+ * On failure *out is NULL. */
 en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server_config *cfg,
                           en_server **out, en_err *err);
+/* Hand the server its engine and tokenizer once loaded (borrowed, as
+ * above); /health answers 200 from then on. Call at most once, and only on
+ * a server started with NULLs. Thread-safe. */
+void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok);
 int en_server_port(const en_server *s); /* the bound port */
 /* Stop accepting connections, give running requests up to grace_s seconds
- * to finish (then cancel them), close everything and free s. */
+ * to finish (then cancel them), close everything and free s. NULL is a
+ * no-op. Does not destroy the engine (the caller does that afterwards). */
 void en_server_stop(en_server *s, double grace_s);
 
 #endif /* EN_SERVER_H */

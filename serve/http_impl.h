@@ -1,0 +1,147 @@
+/*
+ * http_impl.h - private to the HTTP server (serve/server.c, serve/http_*.c,
+ * serve/openai_*.c, serve/metrics.c): the per-request state, OpenAI-shaped
+ * errors, JSON field readers that name the field at fault, and the small
+ * amount of server state the endpoint handlers share (engine, counters,
+ * shutdown flags). Nothing here is part of the public API (server.h).
+ */
+#ifndef EN_HTTP_IMPL_H
+#define EN_HTTP_IMPL_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server.h"
+
+/* ---- an error in OpenAI's shape ---- */
+
+typedef struct oa_err {
+    int status;       /* HTTP status */
+    const char *type; /* "invalid_request_error", "server_error", ... (static) */
+    const char *code; /* NULL or e.g. "context_length_exceeded" (static) */
+    char param[96];   /* "" = null, else e.g. "messages[1].content" */
+    char msg[768];
+} oa_err;
+
+/* Fill e and return -1, so that a check can be `return oa_fail(...)`.
+ * param may be NULL (sent as null); type defaults by status (4xx:
+ * invalid_request_error, else server_error). */
+int oa_fail(oa_err *e, int status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* ---- JSON fields ----
+ * Each reader leaves *out untouched when the key is absent or null and
+ * returns 0; a value of the wrong type or out of range returns -1 with a 400
+ * naming `param` (the key itself when param is NULL). */
+int oa_get_bool(const json_t *o, const char *key, const char *param, int *out, oa_err *e);
+int oa_get_int(const json_t *o, const char *key, const char *param, long long lo, long long hi,
+               long long *out, oa_err *e);
+/* lo_open: the lower bound itself is excluded (top_p > 0). */
+int oa_get_num(const json_t *o, const char *key, const char *param, double lo, double hi,
+               int lo_open, double *out, oa_err *e);
+int oa_get_str(const json_t *o, const char *key, const char *param, const char **out, oa_err *e);
+/* Parse a body as a JSON object (400 with jansson's position on failure). */
+json_t *oa_parse_body(const char *body, size_t len, oa_err *e);
+
+/* ---- token strings for logprobs and /detokenize ----
+ * The text of one token as it reads inside a longer text: the piece with
+ * SentencePiece's "▁" turned into a space and "<0xHH>" into that byte.
+ * Writes raw bytes (possibly a broken UTF-8 sequence for byte pieces) to buf
+ * and returns the length (at most cap). */
+size_t oa_token_bytes(const en_tokenizer *tok, int32_t id, char *buf, size_t cap);
+/* A JSON string of bytes, with any invalid UTF-8 replaced by U+FFFD. */
+json_t *oa_json_string_lossy(const char *s, size_t len);
+
+/* ---- per-request state (one per HTTP request, owned by server.c) ---- */
+
+typedef enum http_route {
+    ROUTE_NONE = 0,
+    ROUTE_CHAT,
+    ROUTE_COMPLETIONS,
+    ROUTE_MODELS,
+    ROUTE_MODEL, /* /v1/models/{id} */
+    ROUTE_HEALTH,
+    ROUTE_METRICS,
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE,
+    ROUTE_PAGE,
+    ROUTE_COUNT
+} http_route;
+
+typedef struct http_req {
+    en_server *srv;
+    struct MHD_Connection *conn;
+    char id[32];      /* hex, unique per request; "chatcmpl-<id>" etc. */
+    double t0;        /* en_time_now() when the headers arrived */
+    const char *method;
+    char path[128];   /* for the log line (truncated) */
+    const char *url;  /* MHD's copy, valid for the request */
+    http_route route;
+    oa_err early;     /* an error found from the headers (early.status != 0) */
+    char *body;       /* en_malloc'd request body */
+    size_t body_len, body_cap;
+    int body_discard; /* count but do not keep the body (early error) */
+    int status;       /* status sent, for the log and the counters */
+    int prompt_tokens, completion_tokens;
+    int streamed;     /* a stream took over logging (its free callback logs) */
+    int first_call_done;
+} http_req;
+
+/* ---- shared server state (server.c) ---- */
+
+/* The engine and tokenizer, or 0 while the model is loading. */
+int srv_get_engine(en_server *s, en_engine **e, const en_tokenizer **tok);
+const en_server_config *srv_config(const en_server *s);
+int64_t srv_created(const en_server *s); /* unix time the server started */
+/* A new request may start (0 while shutting down). */
+int srv_accepting(en_server *s);
+/* Count a generation in flight (the grace period on shutdown waits for
+ * them). begin returns 0, counting nothing, once shutdown has started. */
+int srv_active_begin(en_server *s);
+void srv_active_end(en_server *s);
+/* Set once the grace period ran out: waiting loops cancel and end. */
+int srv_stopping(en_server *s);
+/* A seed for requests that give none (never the same twice). */
+uint64_t srv_random_seed(en_server *s);
+/* Count a finished request and print its log line. */
+void srv_request_done(en_server *s, http_route route, const char *id, const char *method,
+                      const char *path, int status, int prompt_tokens, int completion_tokens,
+                      double t0, const char *note);
+/* Render energon_requests_total into a buffer (metrics.c). */
+void srv_requests_metrics(en_server *s, char **buf, size_t *len, size_t *cap);
+const char *srv_route_label(http_route r);
+
+/* ---- responses (http_util.c); each returns MHD's result and sets r->status ---- */
+
+enum MHD_Result http_send_json(http_req *r, int status, json_t *body); /* takes body */
+enum MHD_Result http_send_error(http_req *r, const oa_err *e);
+json_t *oa_error_json(const oa_err *e); /* {"error":{...}} */
+enum MHD_Result http_send_text(http_req *r, int status, const char *content_type,
+                               const char *text, size_t len, int persistent);
+/* Add the headers every response carries (request id). */
+void http_add_common_headers(http_req *r, struct MHD_Response *resp);
+/* 1 when the client closed its side of the connection. */
+int http_client_gone(struct MHD_Connection *c);
+/* Reset MHD's idle timer: a long wait inside a callback is not idleness. */
+void http_touch(en_server *s, struct MHD_Connection *c);
+/* Constant-time comparison (time depends only on the length of `secret`). */
+int http_secret_equal(const char *given, size_t given_len, const char *secret);
+
+/* Append to a growable en_malloc'd buffer; 0 on out of memory. */
+int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- endpoints ---- */
+
+/* POST /v1/chat/completions and /v1/completions (openai_generate.c). */
+enum MHD_Result openai_generate(http_req *r, int chat);
+/* POST /tokenize and /detokenize (http_tokenize.c). */
+enum MHD_Result http_tokenize(http_req *r);
+enum MHD_Result http_detokenize(http_req *r);
+/* GET /metrics (metrics.c). */
+enum MHD_Result metrics_send(http_req *r);
+
+#endif /* EN_HTTP_IMPL_H */

@@ -1,0 +1,330 @@
+/*
+ * http_util.c - helpers of the HTTP server: OpenAI-shaped errors, JSON field
+ * readers that name the offending field, responses, detecting a client that
+ * hung up, constant-time key comparison and token strings for logprobs.
+ * Used by server.c and the endpoint files; nothing here knows the routes.
+ */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "../common/utf8.h"
+#include "http_impl.h"
+
+/* ---- errors ---- */
+
+int oa_fail(oa_err *e, int status, const char *code, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = status >= 500 ? "server_error" : "invalid_request_error";
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- JSON fields ---- */
+
+/* A present, non-null value (OpenAI clients send null for "not given"). */
+static const json_t *field(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+int oa_get_bool(const json_t *o, const char *key, const char *param, int *out, oa_err *e) {
+    const json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v))
+        return oa_fail(e, 400, NULL, param ? param : key, "%s must be a boolean",
+                       param ? param : key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+int oa_get_int(const json_t *o, const char *key, const char *param, long long lo, long long hi,
+               long long *out, oa_err *e) {
+    const char *p = param ? param : key;
+    const json_t *v = field(o, key);
+    if (!v) return 0;
+    long long x;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v)) {
+        /* 5.0 is an integer to most JSON writers; 1e30 or 2.5 is not. The
+         * range check comes first so that the cast below is defined. */
+        double d = json_real_value(v);
+        if (!(d >= (double)lo && d <= (double)hi && fabs(d) < 9e18))
+            return oa_fail(e, 400, NULL, p, "%s must be an integer from %lld to %lld", p, lo,
+                           hi);
+        if (d != floor(d)) return oa_fail(e, 400, NULL, p, "%s must be an integer", p);
+        x = (long long)d;
+    } else {
+        return oa_fail(e, 400, NULL, p, "%s must be an integer", p);
+    }
+    if (x < lo || x > hi)
+        return oa_fail(e, 400, NULL, p, "%s must be an integer from %lld to %lld (got %lld)", p,
+                       lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+int oa_get_num(const json_t *o, const char *key, const char *param, double lo, double hi,
+               int lo_open, double *out, oa_err *e) {
+    const char *p = param ? param : key;
+    const json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return oa_fail(e, 400, NULL, p, "%s must be a number", p);
+    double d = json_number_value(v);
+    int ok = lo_open ? d > lo : d >= lo;
+    if (!ok || !(d <= hi))
+        return oa_fail(e, 400, NULL, p, "%s must be a number %s %g and <= %g (got %g)", p,
+                       lo_open ? ">" : ">=", lo, hi, d);
+    *out = d;
+    return 0;
+}
+
+int oa_get_str(const json_t *o, const char *key, const char *param, const char **out, oa_err *e) {
+    const char *p = param ? param : key;
+    const json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_string(v)) return oa_fail(e, 400, NULL, p, "%s must be a string", p);
+    *out = json_string_value(v);
+    return 0;
+}
+
+json_t *oa_parse_body(const char *body, size_t len, oa_err *e) {
+    if (!body || len == 0) {
+        oa_fail(e, 400, NULL, NULL, "the request body is empty; expected a JSON object");
+        return NULL;
+    }
+    /* jansson rejects invalid UTF-8, lone surrogate escapes and "\u0000"
+     * (without JSON_ALLOW_NUL), so every string we read later is valid
+     * NUL-free UTF-8. */
+    json_error_t je;
+    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        oa_fail(e, 400, NULL, NULL, "invalid JSON in the request body: %s (line %d, column %d)",
+                je.text, je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        oa_fail(e, 400, NULL, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+/* ---- token strings ---- */
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+size_t oa_token_bytes(const en_tokenizer *tok, int32_t id, char *buf, size_t cap) {
+    const char *p = en_tokenizer_piece(tok, id);
+    if (!p || cap == 0) return 0;
+    size_t n = strlen(p);
+    /* Byte-fallback pieces stand for one raw byte. */
+    if (n == 6 && p[0] == '<' && p[1] == '0' && p[2] == 'x' && p[5] == '>' && hexval(p[3]) >= 0 &&
+        hexval(p[4]) >= 0) {
+        buf[0] = (char)(hexval(p[3]) * 16 + hexval(p[4]));
+        return 1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n && o < cap;) {
+        /* U+2581 LOWER ONE EIGHTH BLOCK is SentencePiece's space. */
+        if (i + 2 < n && (unsigned char)p[i] == 0xE2 && (unsigned char)p[i + 1] == 0x96 &&
+            (unsigned char)p[i + 2] == 0x81) {
+            buf[o++] = ' ';
+            i += 3;
+        } else {
+            buf[o++] = p[i++];
+        }
+    }
+    return o;
+}
+
+json_t *oa_json_string_lossy(const char *s, size_t len) {
+    size_t bad = en_utf8_first_invalid((const unsigned char *)s, len);
+    if (bad == len) return json_stringn(s, len);
+    /* Replace each invalid byte with U+FFFD (what decoders show). */
+    char tmp[4 * 64 + 4];
+    char *out = len <= 64 ? tmp : en_malloc(len * 3 + 1);
+    if (!out) return json_string("");
+    size_t o = 0;
+    while (len) {
+        size_t ok = en_utf8_first_invalid((const unsigned char *)s, len);
+        memcpy(out + o, s, ok);
+        o += ok;
+        s += ok;
+        len -= ok;
+        if (len) {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            s++;
+            len--;
+        }
+    }
+    json_t *j = json_stringn(out, o);
+    if (out != tmp) en_free(out);
+    return j;
+}
+
+/* ---- buffers ---- */
+
+int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap * 2 : 1024;
+        while (nc < *len + n + 1) nc *= 2;
+        char *nb = en_realloc(*buf, nc);
+        if (!nb) return 0;
+        *buf = nb;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return 1;
+}
+
+int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return 0;
+    if ((size_t)n < sizeof tmp) return buf_append(buf, len, cap, tmp, (size_t)n);
+    char *big = en_malloc((size_t)n + 1);
+    if (!big) return 0;
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    int ok = buf_append(buf, len, cap, big, (size_t)n);
+    en_free(big);
+    return ok;
+}
+
+/* ---- responses ---- */
+
+void http_add_common_headers(http_req *r, struct MHD_Response *resp) {
+    MHD_add_response_header(resp, "X-Request-Id", r->id);
+}
+
+enum MHD_Result http_send_text(http_req *r, int status, const char *content_type,
+                               const char *text, size_t len, int persistent) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        len, (void *)text, persistent ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    http_add_common_headers(r, resp);
+    http_touch(r->srv, r->conn);
+    enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->status = status;
+    return ret;
+}
+
+enum MHD_Result http_send_json(http_req *r, int status, json_t *body) {
+    char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!s) {
+        /* Only an allocation can fail here; say so without allocating. */
+        static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                    "\"server_error\",\"param\":null,\"code\":null}}";
+        return http_send_text(r, 500, "application/json", k_oom, sizeof k_oom - 1, 1);
+    }
+    size_t n = strlen(s);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, s, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    http_add_common_headers(r, resp);
+    if (status == 429) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 405) {
+        const char *allow = r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS ||
+                                    r->route == ROUTE_TOKENIZE || r->route == ROUTE_DETOKENIZE
+                                ? "POST"
+                                : "GET, HEAD";
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    }
+    http_touch(r->srv, r->conn);
+    enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->status = status;
+    return ret;
+}
+
+json_t *oa_error_json(const oa_err *e) {
+    json_t *in = json_object();
+    json_object_set_new(in, "message", oa_json_string_lossy(e->msg, strlen(e->msg)));
+    json_object_set_new(in, "type", json_string(e->type ? e->type : "invalid_request_error"));
+    json_object_set_new(in, "param", e->param[0] ? json_string(e->param) : json_null());
+    json_object_set_new(in, "code", e->code ? json_string(e->code) : json_null());
+    json_t *o = json_object();
+    json_object_set_new(o, "error", in);
+    return o;
+}
+
+enum MHD_Result http_send_error(http_req *r, const oa_err *e) {
+    return http_send_json(r, e->status, oa_error_json(e));
+}
+
+/* ---- connections ---- */
+
+int http_client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    int fd = ci->connect_fd;
+    /* POLLRDHUP: the peer closed (or half-closed) its side. Clients of this
+     * API send the whole request and then only read, so an end of input
+     * while we still owe the answer means nobody will read it. */
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    int n = poll(&p, 1, 0);
+    if (n <= 0) return 0;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return 1;
+    if (p.revents & POLLIN) {
+        char b;
+        ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (k == 0) return 1;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
+    }
+    return 0;
+}
+
+void http_touch(en_server *s, struct MHD_Connection *c) {
+    /* MHD measures idleness from the last byte sent or received, and checks
+     * it right after a callback returns. Setting the timeout again restarts
+     * the clock, so that a generation that took longer than --timeout is
+     * not cut off just before its answer goes out. */
+    unsigned t = (unsigned)srv_config(s)->io_timeout_s;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
+}
+
+int http_secret_equal(const char *given, size_t given_len, const char *secret) {
+    size_t n = strlen(secret);
+    /* Touch every byte of the secret whatever the input, and fold the
+     * length difference into the result, so that timing reveals neither
+     * where the first difference is nor how long the key is beyond n. */
+    volatile unsigned char diff = (unsigned char)(given_len != n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char g = i < given_len ? (unsigned char)given[i] : 0;
+        diff |= (unsigned char)(g ^ (unsigned char)secret[i]);
+    }
+    return diff == 0;
+}

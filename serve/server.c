@@ -1,0 +1,573 @@
+/*
+ * server.c - the HTTP server's life cycle and request plumbing on top of
+ * libmicrohttpd: binding, routing, authentication, reading bodies (with the
+ * size limit), the per-request log line and counters, shutdown with a grace
+ * period, and the small endpoints (/health, /v1/models, the chat page).
+ * The generation endpoints live in openai_generate.c, /tokenize and
+ * /detokenize in http_tokenize.c, /metrics in metrics.c.
+ *
+ * Threading: MHD runs one thread per connection, and a handler may block
+ * (waiting on the engine) because nothing else shares that thread. Shared
+ * state here (engine pointer, counters, shutdown flags) sits under one
+ * mutex; nothing holds it while waiting on the engine.
+ */
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "http_impl.h"
+
+/* The chat page, compiled in from serve/page/index.html (cmake/embed.cmake). */
+extern const unsigned char en_chat_page[];
+extern const unsigned long en_chat_page_len;
+
+#define MAX_COUNTERS 160
+
+typedef struct req_counter {
+    http_route route;
+    int status;
+    uint64_t n;
+} req_counter;
+
+struct en_server {
+    struct MHD_Daemon *mhd;
+    en_server_config cfg; /* strings below are our copies */
+    char *host, *api_key, *model_name;
+    int port;
+    int64_t created;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* signalled when `active` drops */
+    en_engine *engine;
+    const en_tokenizer *tok;
+    int draining; /* en_server_stop started: new requests get 503 */
+    int stopping; /* the grace period ran out: waits cancel and end */
+    int active;   /* generation requests holding engine handles */
+    uint64_t seed_state; /* under mu */
+    uint64_t id_key;     /* fixed at start: mixes request ids */
+    req_counter counters[MAX_COUNTERS];
+    int n_counters;
+    atomic_uint_fast64_t next_id;
+};
+
+en_server_config en_server_config_default(void) {
+    en_server_config c;
+    memset(&c, 0, sizeof c);
+    c.host = "127.0.0.1";
+    c.port = 8080;
+    c.model_name = "energon";
+    c.chat_template = EN_CHAT_PLAIN;
+    c.max_body_bytes = (size_t)1 << 20;
+    c.io_timeout_s = 30;
+    c.max_connections = 512;
+    c.log_requests = 1;
+    return c;
+}
+
+/* ---- shared state for the endpoint files ---- */
+
+int srv_get_engine(en_server *s, en_engine **e, const en_tokenizer **tok) {
+    pthread_mutex_lock(&s->mu);
+    int ok = s->engine != NULL;
+    if (e) *e = s->engine;
+    if (tok) *tok = s->tok;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+const en_server_config *srv_config(const en_server *s) { return &s->cfg; }
+int64_t srv_created(const en_server *s) { return s->created; }
+
+int srv_accepting(en_server *s) {
+    pthread_mutex_lock(&s->mu);
+    int ok = !s->draining;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+int srv_stopping(en_server *s) {
+    pthread_mutex_lock(&s->mu);
+    int st = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+int srv_active_begin(en_server *s) {
+    pthread_mutex_lock(&s->mu);
+    int ok = !s->draining;
+    if (ok) s->active++;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+void srv_active_end(en_server *s) {
+    pthread_mutex_lock(&s->mu);
+    if (--s->active <= 0) pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t srv_random_seed(en_server *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t v = splitmix64(&s->seed_state);
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+static const char *const k_route_labels[ROUTE_COUNT] = {
+    [ROUTE_NONE] = "other",
+    [ROUTE_CHAT] = "/v1/chat/completions",
+    [ROUTE_COMPLETIONS] = "/v1/completions",
+    [ROUTE_MODELS] = "/v1/models",
+    [ROUTE_MODEL] = "/v1/models/{id}",
+    [ROUTE_HEALTH] = "/health",
+    [ROUTE_METRICS] = "/metrics",
+    [ROUTE_TOKENIZE] = "/tokenize",
+    [ROUTE_DETOKENIZE] = "/detokenize",
+    [ROUTE_PAGE] = "/",
+};
+
+const char *srv_route_label(http_route r) {
+    return r >= 0 && r < ROUTE_COUNT ? k_route_labels[r] : "other";
+}
+
+void srv_request_done(en_server *s, http_route route, const char *id, const char *method,
+                      const char *path, int status, int prompt_tokens, int completion_tokens,
+                      double t0, const char *note) {
+    pthread_mutex_lock(&s->mu);
+    int i = 0;
+    while (i < s->n_counters && !(s->counters[i].route == route && s->counters[i].status == status))
+        i++;
+    if (i == s->n_counters && i < MAX_COUNTERS) {
+        s->counters[i] = (req_counter){route, status, 0};
+        s->n_counters++;
+    }
+    if (i < s->n_counters) s->counters[i].n++;
+    pthread_mutex_unlock(&s->mu);
+    if (s->cfg.log_requests)
+        en_log(EN_LOG_INFO, "serve: %s %s %s %d prompt_tokens=%d completion_tokens=%d %.1f ms%s%s",
+               id, method, path, status, prompt_tokens, completion_tokens,
+               (en_time_now() - t0) * 1e3, note ? " " : "", note ? note : "");
+}
+
+void srv_requests_metrics(en_server *s, char **buf, size_t *len, size_t *cap) {
+    buf_printf(buf, len, cap,
+               "# HELP energon_requests_total HTTP requests answered, by endpoint and status.\n"
+               "# TYPE energon_requests_total counter\n");
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_counters; i++)
+        buf_printf(buf, len, cap, "energon_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                   srv_route_label(s->counters[i].route), s->counters[i].status,
+                   (unsigned long long)s->counters[i].n);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- small endpoints ---- */
+
+static json_t *model_object(en_server *s) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(s->model_name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(s->created));
+    json_object_set_new(m, "owned_by", json_string("energon"));
+    en_engine *e = NULL;
+    if (srv_get_engine(s, &e, NULL))
+        json_object_set_new(m, "max_model_len", json_integer(en_engine_n_ctx(e)));
+    return m;
+}
+
+static enum MHD_Result send_models(http_req *r) {
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_t *data = json_array();
+    json_array_append_new(data, model_object(r->srv));
+    json_object_set_new(o, "data", data);
+    return http_send_json(r, 200, o);
+}
+
+static enum MHD_Result send_model(http_req *r) {
+    const char *id = r->url + strlen("/v1/models/");
+    if (strcmp(id, r->srv->model_name) != 0) {
+        oa_err e;
+        oa_fail(&e, 404, "model_not_found", "model",
+                "The model '%s' does not exist; this server serves '%s'", id,
+                r->srv->model_name);
+        return http_send_error(r, &e);
+    }
+    return http_send_json(r, 200, model_object(r->srv));
+}
+
+static enum MHD_Result send_health(http_req *r) {
+    if (!srv_get_engine(r->srv, NULL, NULL)) {
+        json_t *o = json_pack("{s:s}", "status", "loading");
+        return http_send_json(r, 503, o);
+    }
+    if (!srv_accepting(r->srv)) return http_send_json(r, 503, json_pack("{s:s}", "status",
+                                                                         "shutting_down"));
+    return http_send_json(r, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+static enum MHD_Result send_page(http_req *r) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        (size_t)en_chat_page_len, (void *)en_chat_page, MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    http_add_common_headers(r, resp);
+    enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    r->status = 200;
+    return ret;
+}
+
+/* ---- routing and the access handler ---- */
+
+static http_route route_of(const char *url) {
+    static const struct {
+        const char *path;
+        http_route route;
+    } k_routes[] = {
+        {"/v1/chat/completions", ROUTE_CHAT}, {"/v1/completions", ROUTE_COMPLETIONS},
+        {"/v1/models", ROUTE_MODELS},         {"/health", ROUTE_HEALTH},
+        {"/metrics", ROUTE_METRICS},          {"/tokenize", ROUTE_TOKENIZE},
+        {"/detokenize", ROUTE_DETOKENIZE},    {"/", ROUTE_PAGE},
+    };
+    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
+        if (strcmp(url, k_routes[i].path) == 0) return k_routes[i].route;
+    if (strncmp(url, "/v1/models/", 11) == 0 && url[11]) return ROUTE_MODEL;
+    return ROUTE_NONE;
+}
+
+static int route_is_post(http_route r) {
+    return r == ROUTE_CHAT || r == ROUTE_COMPLETIONS || r == ROUTE_TOKENIZE ||
+           r == ROUTE_DETOKENIZE;
+}
+
+/* The checks that need only the headers: route, method, key. The answer
+ * waits until the body has been read (or the limit is hit): closing a
+ * socket that still holds unread request bytes makes the kernel send a
+ * reset, and the client may then never see the error. */
+static void check_headers(http_req *r) {
+    en_server *s = r->srv;
+    oa_err *e = &r->early;
+    int is_get = strcmp(r->method, "GET") == 0 || strcmp(r->method, "HEAD") == 0;
+    int is_post = strcmp(r->method, "POST") == 0;
+    /* /health and the page hold no data; everything else needs the key. */
+    int open = r->route == ROUTE_HEALTH || (r->route == ROUTE_PAGE && is_get);
+    if (s->api_key && !open) {
+        const char *h =
+            MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!h) {
+            oa_fail(e, 401, "invalid_api_key", NULL,
+                    "You didn't provide an API key. Send it in the Authorization header as "
+                    "'Authorization: Bearer YOUR_KEY'.");
+            return;
+        }
+        if (strncasecmp(h, "Bearer ", 7) != 0) {
+            oa_fail(e, 401, "invalid_api_key", NULL,
+                    "The Authorization header must be 'Bearer YOUR_KEY'.");
+            return;
+        }
+        const char *k = h + 7;
+        while (*k == ' ') k++;
+        if (!http_secret_equal(k, strlen(k), s->api_key)) {
+            oa_fail(e, 401, "invalid_api_key", NULL, "Incorrect API key provided.");
+            return;
+        }
+    }
+    if (r->route == ROUTE_NONE) {
+        oa_fail(e, 404, "unknown_url", NULL, "Unknown request URL: %s %s", r->method, r->path);
+        return;
+    }
+    if (route_is_post(r->route) ? !is_post : !is_get) {
+        oa_fail(e, 405, "method_not_allowed", NULL, "%s %s is not allowed; use %s", r->method,
+                r->path, route_is_post(r->route) ? "POST" : "GET");
+        return;
+    }
+}
+
+static enum MHD_Result dispatch(http_req *r) {
+    en_server *s = r->srv;
+    oa_err e;
+    if (r->early.status) return http_send_error(r, &r->early);
+    if (!srv_accepting(s) && r->route != ROUTE_HEALTH && r->route != ROUTE_METRICS) {
+        oa_fail(&e, 503, NULL, NULL, "The server is shutting down.");
+        return http_send_error(r, &e);
+    }
+    switch (r->route) {
+    case ROUTE_HEALTH: return send_health(r);
+    case ROUTE_PAGE: return send_page(r);
+    case ROUTE_METRICS: return metrics_send(r);
+    case ROUTE_MODELS: return send_models(r);
+    case ROUTE_MODEL: return send_model(r);
+    default: break;
+    }
+    if (!srv_get_engine(s, NULL, NULL)) {
+        oa_fail(&e, 503, NULL, NULL, "The model is still loading; retry when /health says ok.");
+        return http_send_error(r, &e);
+    }
+    switch (r->route) {
+    case ROUTE_CHAT: return openai_generate(r, 1);
+    case ROUTE_COMPLETIONS: return openai_generate(r, 0);
+    case ROUTE_TOKENIZE: return http_tokenize(r);
+    case ROUTE_DETOKENIZE: return http_detokenize(r);
+    default: break;
+    }
+    oa_fail(&e, 404, "unknown_url", NULL, "Unknown request URL: %s %s", r->method, r->path);
+    return http_send_error(r, &e);
+}
+
+static void too_big(http_req *r) {
+    oa_fail(&r->early, 413, "request_too_large", NULL,
+            "The request body is larger than the server's limit of %zu bytes.",
+            r->srv->cfg.max_body_bytes);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+    (void)version;
+    en_server *s = cls;
+    http_req *r = *con_cls;
+    if (!r) {
+        /* First call: headers only. */
+        r = en_calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        r->srv = s;
+        r->conn = conn;
+        r->t0 = en_time_now();
+        r->method = method;
+        r->url = url;
+        snprintf(r->path, sizeof r->path, "%s", url);
+        uint64_t x = atomic_fetch_add(&s->next_id, 1) ^ s->id_key;
+        snprintf(r->id, sizeof r->id, "%016llx%08x", (unsigned long long)splitmix64(&x),
+                 (unsigned)(splitmix64(&x) >> 32));
+        r->route = route_of(url);
+        *con_cls = r;
+        check_headers(r);
+        const char *cl =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (n > s->cfg.max_body_bytes) {
+                /* Answer now, before MHD sends "100 Continue" or reads a
+                 * byte of the body: MHD then closes the connection after
+                 * the answer instead of reading the rest. */
+                too_big(r);
+                return http_send_error(r, &r->early);
+            }
+        }
+        r->body_discard = r->early.status != 0 || !route_is_post(r->route);
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (r->early.status == 413) return MHD_YES; /* answered already */
+        if (r->body_len + n > s->cfg.max_body_bytes) {
+            /* A chunked body (no Content-Length) went over the limit: stop
+             * reading and close the connection after the answer. */
+            too_big(r);
+            r->body_discard = 1;
+            r->body_len += n;
+            return http_send_error(r, &r->early);
+        }
+        if (r->body_discard) {
+            r->body_len += n;
+            return MHD_YES;
+        }
+        if (!buf_append(&r->body, &r->body_len, &r->body_cap, upload_data, n)) return MHD_NO;
+        return MHD_YES;
+    }
+    if (r->early.status == 413) return MHD_YES;
+    return dispatch(r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)conn;
+    en_server *s = cls;
+    http_req *r = *con_cls;
+    if (!r) return;
+    *con_cls = NULL;
+    if (!r->streamed) {
+        const char *note = NULL;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            note = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED   ? "(timed out)"
+                   : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "(server shut down)"
+                   : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT    ? "(client closed)"
+                                                                   : "(connection error)";
+        /* A connection that timed out or broke before any answer counts
+         * as 408 / 499 (nginx's "client closed request"), so that it shows
+         * up in the counters without claiming a status was sent. */
+        int status = r->status;
+        if (!status) status = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
+        srv_request_done(s, r->route, r->id, r->method, r->path, status, r->prompt_tokens,
+                         r->completion_tokens, r->t0, note);
+    }
+    en_free(r->body);
+    en_free(r);
+}
+
+/* ---- life cycle ---- */
+
+static char *dup_str(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = en_malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+static void free_server(en_server *s) {
+    if (!s) return;
+    en_free(s->host);
+    en_free(s->api_key);
+    en_free(s->model_name);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    en_free(s);
+}
+
+en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server_config *cfg,
+                          en_server **out, en_err *err) {
+    *out = NULL;
+    en_server_config dflt = en_server_config_default();
+    if (!cfg) cfg = &dflt;
+    if ((e == NULL) != (tok == NULL))
+        return EN_ERR(err, EN_ERR_ARG, "en_server_start: give both the engine and the "
+                                       "tokenizer, or neither (to set them later)");
+    if (cfg->port < 0 || cfg->port > 65535)
+        return EN_ERR(err, EN_ERR_ARG, "port %d is not in 0..65535", cfg->port);
+    if (cfg->max_body_bytes < 1024)
+        return EN_ERR(err, EN_ERR_ARG, "max_body_bytes %zu is less than 1024", cfg->max_body_bytes);
+    if (cfg->io_timeout_s < 1)
+        return EN_ERR(err, EN_ERR_ARG, "io_timeout_s %d is less than 1", cfg->io_timeout_s);
+    if (cfg->max_connections < 1)
+        return EN_ERR(err, EN_ERR_ARG, "max_connections %d is less than 1",
+                      cfg->max_connections);
+    if (cfg->model_name && !*cfg->model_name)
+        return EN_ERR(err, EN_ERR_ARG, "model_name is empty");
+    if (cfg->chat_template < EN_CHAT_PLAIN || cfg->chat_template > EN_CHAT_CHATML)
+        return EN_ERR(err, EN_ERR_ARG, "chat_template %d is not a known template",
+                      (int)cfg->chat_template);
+
+    en_server *s = en_calloc(1, sizeof *s);
+    if (!s) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->cfg = *cfg;
+    s->host = dup_str(cfg->host ? cfg->host : "127.0.0.1");
+    s->api_key = cfg->api_key && *cfg->api_key ? dup_str(cfg->api_key) : NULL;
+    s->model_name = dup_str(cfg->model_name ? cfg->model_name : "energon");
+    if (!s->host || !s->model_name || (cfg->api_key && *cfg->api_key && !s->api_key)) {
+        free_server(s);
+        return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    }
+    s->cfg.host = s->host;
+    s->cfg.api_key = s->api_key;
+    s->cfg.model_name = s->model_name;
+    s->engine = e;
+    s->tok = tok;
+    s->created = (int64_t)time(NULL);
+    /* Seeds for requests without one, and request ids: unpredictable
+     * across restarts; the clock is the fallback when getrandom fails. */
+    if (getrandom(&s->seed_state, sizeof s->seed_state, GRND_NONBLOCK) !=
+        (ssize_t)sizeof s->seed_state)
+        s->seed_state = (uint64_t)(en_time_now() * 1e9) ^ ((uint64_t)getpid() << 32);
+    s->id_key = splitmix64(&s->seed_state);
+    atomic_init(&s->next_id, 1);
+
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int gai = getaddrinfo(s->host, NULL, &hints, &ai);
+    if (gai != 0 || !ai) {
+        EN_ERR(err, EN_ERR_ARG, "host '%s': %s", s->host, gai_strerror(gai));
+        free_server(s);
+        return EN_ERR_ARG;
+    }
+    struct sockaddr_storage sa;
+    memset(&sa, 0, sizeof sa);
+    memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
+    int v6 = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+    if (v6)
+        ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)cfg->port);
+    else
+        ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)cfg->port);
+
+    /* Thread per connection: handlers may block on the engine. ITC lets
+     * MHD_quiesce_daemon stop the accept loop at shutdown. */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_ITC | (v6 ? MHD_USE_IPv6 : 0);
+    s->mhd = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->io_timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, s, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    if (!s->mhd) {
+        EN_ERR(err, EN_ERR_IO, "cannot listen on %s%s%s:%d (address in use, or not an address "
+                               "of this machine?)",
+               v6 ? "[" : "", s->host, v6 ? "]" : "", cfg->port);
+        free_server(s);
+        return EN_ERR_IO;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : cfg->port;
+    s->cfg.port = s->port;
+    *out = s;
+    return EN_OK;
+}
+
+void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok) {
+    pthread_mutex_lock(&s->mu);
+    s->engine = e;
+    s->tok = tok;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int en_server_port(const en_server *s) { return s->port; }
+
+void en_server_stop(en_server *s, double grace_s) {
+    if (!s) return;
+    /* 1. No new connections; new requests on open ones get 503. */
+    MHD_socket lfd = MHD_quiesce_daemon(s->mhd);
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    /* 2. Let running generations finish within the grace period. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double t = until.tv_sec + until.tv_nsec * 1e-9 + (grace_s > 0 ? grace_s : 0);
+    until.tv_sec = (time_t)t;
+    until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+    while (s->active > 0)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0) break;
+    if (s->active > 0)
+        en_log(EN_LOG_WARN, "serve: %d request(s) still running after the %.0f s grace period; "
+                            "cancelling them",
+               s->active, grace_s);
+    /* 3. Whatever still runs is cancelled by its own waiting loop. */
+    s->stopping = 1;
+    pthread_mutex_unlock(&s->mu);
+    /* 4. Close the connections and join their threads. */
+    MHD_stop_daemon(s->mhd);
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    free_server(s);
+}
