@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# test_serve.sh ENERGON FIXTURES SHARED
+# `energon serve` end to end, from the outside: a model is set up, the server
+# started on an ephemeral port, and the Python scripts in tests/serve/ drive
+# it (issue 5, "What it must show"):
+#   api_openai   the official openai client: chat and completions, streamed
+#                and not, usage, stop strings, seed, max_tokens, n, logprobs,
+#                /v1/models, BadRequest/NotFound/Authentication/RateLimit errors
+#   bad_input    malformed and hostile requests over raw HTTP: right status,
+#                OpenAI-shaped error, the server unharmed
+#   concurrency  32 concurrent clients, each answer equal to the same request
+#                sent alone; /metrics shows they ran together
+#   disconnect   a client that goes away frees its KV blocks at once
+#   chat_page    the chat page in headless Chromium streams the API's answer
+#   chat_cli     `energon chat` piped, against the server and in-process
+#   soak         thousands of mixed requests leave memory, threads, fds flat
+#   sigterm      SIGTERM with requests running: they complete, exit 0
+# The model: stories260K from SHARED (converted here) when it is there, else
+# a random one made here (tokenizer trained on examples/company, `energon
+# init`), so the suite never needs ../shared. EN_SERVE_TEST_MODEL=random
+# forces the second. Python: the venv scripts/install-deps makes
+# (.venv-test, with the openai client); exit 77 when it is missing.
+set -u
+ENERGON=$1
+FIX=$2
+SHARED=${3:-}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$HERE")
+PY=${EN_TEST_PYTHON:-$ROOT/.venv-test/bin/python}
+
+if ! [ -x "$PY" ] || ! "$PY" -c 'import openai' 2>/dev/null; then
+    echo "SKIP test_serve: the openai Python client is missing ($PY cannot import openai); run scripts/install-deps"
+    exit 77
+fi
+if "$ENERGON" serve --help 2>&1 | grep -q "not built yet"; then
+    echo "SKIP test_serve: this energon has no serve command yet"
+    exit 77
+fi
+
+# running and not a zombie (kill -0 succeeds on an unreaped child)
+alive() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
+
+T=$(mktemp -d /tmp/en_serve_XXXXXX)
+SPID=
+cleanup() {
+    if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
+        kill -KILL "$SPID" 2>/dev/null
+        wait "$SPID" 2>/dev/null
+    fi
+    rm -rf "$T"
+}
+trap cleanup EXIT
+
+# An AddressSanitizer build is several times slower: deadlines stretch and
+# the soak sends fewer requests (soak.py).
+ASAN=0
+if ldd "$ENERGON" 2>/dev/null | grep -q libasan || nm -D "$ENERGON" 2>/dev/null | grep -q __asan_init; then
+    ASAN=1
+fi
+
+# ---- the model
+S=$SHARED/models/stories260K
+if [ "${EN_SERVE_TEST_MODEL:-auto}" != random ] && [ -f "$S/stories260K.bin" ] && [ -f "$S/tok512.model" ]; then
+    NAME=stories260K
+    "$ENERGON" convert llama2c --checkpoint "$S/stories260K.bin" --tokenizer "$S/tok512.model" \
+        --out "$T/model" >"$T/setup.log" 2>&1 || { echo "FAIL: converting stories260K"; cat "$T/setup.log"; exit 1; }
+else
+    # examples/company/base_model.json, but with untied embeddings and 512
+    # positions: with random tied weights the greedy answer just repeats the
+    # last prompt token, which would make the text comparisons vacuous.
+    NAME=company-random
+    sed -e 's/"tie_word_embeddings": true/"tie_word_embeddings": false/' \
+        -e 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 512/' \
+        "$ROOT/examples/company/base_model.json" >"$T/config.json"
+    { "$ENERGON" tokenizer train --data "$ROOT/examples/company/handbook.txt" --vocab-size 512 --out "$T/tok.model" &&
+      "$ENERGON" init --config "$T/config.json" --tokenizer "$T/tok.model" --out "$T/model" --seed 1; } \
+        >"$T/setup.log" 2>&1 || { echo "FAIL: making a random model"; cat "$T/setup.log"; exit 1; }
+fi
+CTX=$("$PY" -c 'import json, sys; print(min(4096, json.load(open(sys.argv[1]))["max_position_embeddings"]))' \
+      "$T/model/config.json")
+echo "test_serve: model $NAME (context $CTX)$([ "$ASAN" = 1 ] && echo ', AddressSanitizer build')"
+
+# ---- the main server
+"$ENERGON" serve --model "$T/model" --port 0 --model-name "$NAME" --threads 2 >"$T/server-main.log" 2>&1 &
+SPID=$!
+URL=
+deadline=$((SECONDS + (ASAN ? 300 : 60)))
+while [ $SECONDS -lt $deadline ] && alive "$SPID"; do
+    if [ -z "$URL" ]; then
+        URL=$(grep -o 'listening on http://[^ ]*' "$T/server-main.log" | head -1 | sed 's/listening on //')
+    elif "$PY" -c 'import sys, urllib.request; sys.exit(urllib.request.urlopen(sys.argv[1] + "/health", timeout=5).status != 200)' \
+            "$URL" 2>/dev/null; then
+        break
+    fi
+    sleep 0.1
+done
+if [ -z "$URL" ] || ! alive "$SPID" || [ $SECONDS -ge $deadline ]; then
+    echo "FAIL: the server did not become healthy (url '$URL')"
+    sed 's/^/  | /' "$T/server-main.log" | tail -30
+    echo "test_serve: 0 passed, 1 failed"
+    exit 1
+fi
+echo "test_serve: serving at $URL ($(grep -o 'ready:.*' "$T/server-main.log" | head -1))"
+
+export EN_URL=$URL EN_SERVER_PID=$SPID EN_MODEL_DIR=$T/model EN_MODEL_NAME=$NAME EN_CTX=$CTX \
+       EN_ENERGON=$ENERGON EN_FIXTURES=$FIX EN_TMP=$T EN_ASAN=$ASAN
+pass=0
+fail=0
+skipped=()
+for script in api_openai bad_input concurrency disconnect chat_page chat_cli soak sigterm; do
+    echo "---- $script"
+    t0=$SECONDS
+    (cd "$HERE/serve" && "$PY" -u "$script.py") >"$T/$script.out" 2>&1
+    rc=$?
+    cat "$T/$script.out"
+    p=$(grep -c '^PASS ' "$T/$script.out")
+    f=$(grep -c '^FAIL ' "$T/$script.out")
+    pass=$((pass + p))
+    fail=$((fail + f))
+    if [ "$rc" -eq 77 ]; then
+        skipped+=("$script")
+    elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "FAIL $script: exited $rc without a FAIL line (a crash of the test script?)"
+        fail=$((fail + 1))
+    fi
+    echo "     ($script: $((SECONDS - t0)) s)"
+    if [ "$script" != sigterm ] && ! alive "$SPID"; then
+        echo "FAIL the server died during $script"
+        fail=$((fail + 1))
+        break
+    fi
+done
+
+# The main server got SIGTERM from sigterm.py: it must have exited 0 (under
+# ASan, LeakSanitizer makes a leak a non-zero exit). A watchdog kills it if
+# it hangs.
+( sleep $((ASAN ? 120 : 30)); kill -KILL "$SPID" 2>/dev/null ) &
+WD=$!
+alive "$SPID" && echo "  .. waiting for the main server to exit"
+wait "$SPID"
+rc=$?
+kill "$WD" 2>/dev/null
+wait "$WD" 2>/dev/null
+SPID=
+if [ "$rc" -eq 0 ]; then
+    echo "PASS main server exit status after SIGTERM: 0"
+    pass=$((pass + 1))
+else
+    echo "FAIL main server exit status after SIGTERM: $rc"
+    fail=$((fail + 1))
+fi
+
+# Sanitizer reports from any server of the session
+if grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log >/dev/null 2>&1; then
+    echo "FAIL sanitizer reports in: $(grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | xargs -n1 basename | tr '\n' ' ')"
+    grep -h -A12 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | head -60
+    fail=$((fail + 1))
+fi
+
+if [ "$fail" -gt 0 ]; then
+    for log in "$T"/server-*.log; do
+        echo "---- $(basename "$log") (last 40 lines)"
+        tail -40 "$log" | sed 's/^/  | /'
+    done
+fi
+[ ${#skipped[@]} -gt 0 ] && echo "skipped: ${skipped[*]}"
+echo "test_serve: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
