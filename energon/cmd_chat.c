@@ -9,9 +9,10 @@
  * the client still talks HTTP to it, so both modes run one code path.
  *
  * Piped input (stdin not a terminal) is for scripts: one question per line,
- * one answer per line on stdout (newlines inside an answer become spaces, a
+ * each answer on stdout as the model wrote it followed by one newline (a
  * failed request leaves an empty line), no prompts or banners, and exit
- * status 1 when any request failed.
+ * status 1 when any request failed. An answer can itself contain newlines;
+ * --one-line turns them into spaces so that answer k is exactly line k.
  *
  * Left out: line editing and recall (no readline dependency), tool calls,
  * several choices per request (n > 1).
@@ -42,8 +43,8 @@ static void usage(FILE *f) {
             "Chat with an OpenAI-compatible server (energon serve, or any other) from the\n"
             "terminal. Each line is a message; the answer streams in as it is generated.\n"
             "With --model DIR the model is loaded here and served in-process on a loopback\n"
-            "port. Piped stdin: one question per line in, one answer per line out (newlines\n"
-            "in an answer become spaces), exit status 1 if any request failed.\n"
+            "port. Piped stdin: one question per line in, each answer out followed by a\n"
+            "newline (an empty line when the request failed), exit status 1 if any failed.\n"
             "\n"
             "  --url URL            server address, e.g. http://127.0.0.1:8080\n"
             "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
@@ -59,6 +60,8 @@ static void usage(FILE *f) {
             "  --temperature T      sampling temperature (default: the server's)\n"
             "  --max-tokens N       answer length limit (default: the server's)\n"
             "  --seed S             sampling seed\n"
+            "  --one-line           newlines inside an answer become spaces, so that each\n"
+            "                       answer is one line (for scripts reading piped output)\n"
             "\n"
             "Commands: /reset (forget the conversation, keep the system message),\n"
             "/system TEXT (new system message, then reset), /quit (or end of input).\n");
@@ -159,7 +162,8 @@ typedef struct chat_client {
     int max_tokens;     /* 0: the server's default */
     uint64_t seed;
     int has_seed;
-    int one_line;       /* piped: each answer on one line of stdout */
+    int piped;          /* stdin is not a terminal: no prompts, one answer per question */
+    int one_line;       /* --one-line: newlines in answers become spaces */
     CURL *curl;         /* reused, so the connection stays open between turns */
     char curl_err[CURL_ERROR_SIZE];
 } chat_client;
@@ -418,7 +422,7 @@ static int chat_ask(chat_client *c, const chat_history *h, char **answer) {
     int rc = http_run(c, "/v1/chat/completions", body, &st);
     free(body);
     stream_show(&st, 1);
-    if (!c->one_line && st.shown) putchar('\n'); /* end the answer's line before any error */
+    if (!c->piped && st.shown) putchar('\n'); /* end the answer's line before any error */
     fflush(stdout);
     if (rc) goto done;
     rc = 1;
@@ -436,8 +440,8 @@ static int chat_ask(chat_client *c, const chat_history *h, char **answer) {
         if (!*answer) rc = 1;
     }
 done:
-    /* Piped: exactly one stdout line per question, empty when it failed. */
-    if (c->one_line) {
+    /* Piped: each answer ends with a newline; a failed one is an empty line. */
+    if (c->piped) {
         putchar('\n');
         fflush(stdout);
     }
@@ -453,7 +457,7 @@ static int is_command(const char *line, const char *name) {
 /* Read lines until /quit or end of input. Returns the exit code. */
 static int chat_loop(chat_client *c, const char *system) {
     int tty = isatty(STDIN_FILENO);
-    c->one_line = !tty;
+    c->piped = !tty;
     chat_history h = {0};
     if (system && *system && !(h.system = str_dup(system))) return EN_EXIT_ERROR;
     if (tty)
@@ -623,6 +627,8 @@ int en_cmd_chat(int argc, char **argv) {
             usage(stdout);
             return EN_EXIT_OK;
         } else if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
+        } else if (en_cli_switch(argv, i, "--one-line")) {
+            c.one_line = 1;
         } else if (en_cli_flag(argc, argv, &i, "--url", &v, &bad)) {
             url = v;
         } else if (en_cli_flag(argc, argv, &i, "--api-key", &v, &bad)) {
