@@ -86,7 +86,8 @@ typedef struct http_req {
     int status;       /* status sent, for the log and the counters */
     int prompt_tokens, completion_tokens;
     int streamed;     /* a stream took over logging (its free callback logs) */
-    int first_call_done;
+    int answered;     /* an answer went out before the body was read */
+    const char *note; /* static; appended to the log line */
 } http_req;
 
 /* ---- shared server state (server.c) ---- */

@@ -231,7 +231,7 @@ enum MHD_Result http_send_text(http_req *r, int status, const char *content_type
     http_touch(r->srv, r->conn);
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
-    r->status = status;
+    if (ret == MHD_YES) r->status = status;
     return ret;
 }
 
@@ -264,7 +264,7 @@ enum MHD_Result http_send_json(http_req *r, int status, json_t *body) {
     http_touch(r->srv, r->conn);
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
-    r->status = status;
+    if (ret == MHD_YES) r->status = status;
     return ret;
 }
 

@@ -57,6 +57,7 @@ typedef struct gen {
     int phase; /* PHASE_* */
     int rr;    /* round-robin start over choices */
     int aborted;
+    double last_check; /* when the client's socket was last checked */
     /* the log line of a streamed request (its http_req is gone by then) */
     http_route route;
     char req_id[32], method[16], path[128];
@@ -469,6 +470,7 @@ static int collect(gen *g, int i, const en_gen_event *ev) {
             completion_lp_add(g, c, c->lp, ev);
         }
     }
+    if (ev->kind == EN_EV_TOKEN) c->n_tokens++; /* the engine's count replaces it at DONE */
     if (ev->kind == EN_EV_DONE) {
         c->done = 1;
         c->finish = ev->finish_reason;
@@ -516,6 +518,7 @@ static int emit_chunk(gen *g, int i, const char *text, size_t len, json_t *lp,
 static int emit_event(gen *g, int i, const en_gen_event *ev) {
     choice *c = &g->ch[i];
     if (ev->kind == EN_EV_TOKEN) {
+        c->n_tokens++; /* the engine's count replaces it at DONE */
         json_t *lp = NULL;
         if (g->logprobs && g->chat) {
             lp = json_pack("{s:[o]}", "content", chat_lp_entry(g, ev));
@@ -544,8 +547,18 @@ static void cancel_all(gen *g) {
  * *ev set, 0 when the client hung up or the server stopped (everything is
  * cancelled then). */
 static int next_event(gen *g, int *which, en_gen_event *ev) {
-    double last_check = en_time_now();
     for (;;) {
+        /* Check the client every WAIT_S whether or not events flow: a
+         * fast model never leaves the waits below empty-handed. */
+        double now = en_time_now();
+        if (now - g->last_check >= WAIT_S) {
+            g->last_check = now;
+            if (http_client_gone(g->conn) || srv_stopping(g->srv)) {
+                cancel_all(g);
+                g->aborted = 1;
+                return 0;
+            }
+        }
         int first = -1;
         for (int k = 0; k < g->n; k++) {
             int i = (g->rr + k) % g->n;
@@ -561,15 +574,6 @@ static int next_event(gen *g, int *which, en_gen_event *ev) {
         if (en_request_next(g->ch[first].req, ev, WAIT_S)) {
             *which = first;
             return 1;
-        }
-        double now = en_time_now();
-        if (now - last_check >= WAIT_S) {
-            last_check = now;
-            if (http_client_gone(g->conn) || srv_stopping(g->srv)) {
-                cancel_all(g);
-                g->aborted = 1;
-                return 0;
-            }
         }
     }
 }
@@ -597,8 +601,6 @@ static int stream_fill(gen *g) {
         en_gen_event ev;
         if (!next_event(g, &i, &ev)) return 0;
         if (!emit_event(g, i, &ev)) return 0;
-        /* Hang-up checks ride on the waits in next_event; a client that
-         * is gone while tokens arrive fast is caught by the failing send. */
         if (g->out_len) return 1;
     }
     if (g->include_usage) {
@@ -838,6 +840,11 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     }
 
     /* Not streamed: wait here, in this connection's own thread. */
+    for (int i = 0; i < g->n && g->echo; i++)
+        if (!buf_append(&g->ch[i].text, &g->ch[i].len, &g->ch[i].cap, g->echo, g->echo_len)) {
+            oa_fail(&e, 500, NULL, NULL, "out of memory");
+            goto fail;
+        }
     while (!all_done(g)) {
         int i;
         en_gen_event ev;
@@ -857,6 +864,8 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
             goto fail;
         }
         /* Nobody is listening: close without an answer. */
+        r->status = 499;
+        r->note = "(client closed; generation cancelled)";
         gen_destroy(g);
         return MHD_NO;
     }

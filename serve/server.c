@@ -228,7 +228,7 @@ static enum MHD_Result send_page(http_req *r) {
     http_add_common_headers(r, resp);
     enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
-    r->status = 200;
+    if (ret == MHD_YES) r->status = 200;
     return ret;
 }
 
@@ -368,6 +368,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                  * byte of the body: MHD then closes the connection after
                  * the answer instead of reading the rest. */
                 too_big(r);
+                r->answered = 1;
                 return http_send_error(r, &r->early);
             }
         }
@@ -377,14 +378,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (r->early.status == 413) return MHD_YES; /* answered already */
+        if (r->answered) return MHD_YES;
         if (r->body_len + n > s->cfg.max_body_bytes) {
-            /* A chunked body (no Content-Length) went over the limit: stop
-             * reading and close the connection after the answer. */
-            too_big(r);
+            /* A chunked body (no Content-Length) went over the limit. MHD
+             * 0.9 cannot queue an answer while a body is arriving, so the
+             * rest is read and dropped (never stored) and 413 goes out at
+             * its end; a sender that keeps going far beyond the limit is
+             * cut off instead. */
+            if (r->early.status != 413) too_big(r);
             r->body_discard = 1;
             r->body_len += n;
-            return http_send_error(r, &r->early);
+            return r->body_len > 16 * s->cfg.max_body_bytes ? MHD_NO : MHD_YES;
         }
         if (r->body_discard) {
             r->body_len += n;
@@ -393,7 +397,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!buf_append(&r->body, &r->body_len, &r->body_cap, upload_data, n)) return MHD_NO;
         return MHD_YES;
     }
-    if (r->early.status == 413) return MHD_YES;
+    if (r->answered) return MHD_YES;
     return dispatch(r);
 }
 
@@ -405,8 +409,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r) return;
     *con_cls = NULL;
     if (!r->streamed) {
-        const char *note = NULL;
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        const char *note = r->note;
+        if (!note && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
             note = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED   ? "(timed out)"
                    : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "(server shut down)"
                    : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT    ? "(client closed)"
@@ -415,6 +419,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
          * as 408 / 499 (nginx's "client closed request"), so that it shows
          * up in the counters without claiming a status was sent. */
         int status = r->status;
+        if (!status && r->early.status == 413) {
+            status = 413;
+            note = "(closed: body far over the limit)";
+        }
         if (!status) status = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
         srv_request_done(s, r->route, r->id, r->method, r->path, status, r->prompt_tokens,
                          r->completion_tokens, r->t0, note);
@@ -563,9 +571,16 @@ void en_server_stop(en_server *s, double grace_s) {
         en_log(EN_LOG_WARN, "serve: %d request(s) still running after the %.0f s grace period; "
                             "cancelling them",
                s->active, grace_s);
-    /* 3. Whatever still runs is cancelled by its own waiting loop. */
+    /* 3. Whatever still runs is cancelled by its own waiting loop, which
+     * notices within a tenth of a second; wait (briefly) for that, so that
+     * the 503 answers are queued before the connections close. */
     s->stopping = 1;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    while (s->active > 0)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0) break;
     pthread_mutex_unlock(&s->mu);
+    usleep(100 * 1000); /* time for those answers to be written */
     /* 4. Close the connections and join their threads. */
     MHD_stop_daemon(s->mhd);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
