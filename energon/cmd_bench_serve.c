@@ -18,8 +18,8 @@
  *
  * Prompts are words drawn from a fixed list (so they tokenize like text, not
  * like random ids), of lengths uniform in [0.75 P, 1.25 P] tokens. Words per
- * token differ between tokenizers, so the warm-up requests (not counted)
- * measure it from their usage.prompt_tokens and the prompts are sized after.
+ * token differ between tokenizers, so a first short request (not counted)
+ * measures it from its usage.prompt_tokens and the prompts are sized after.
  */
 #include <curl/curl.h>
 #include <jansson.h>
@@ -51,7 +51,8 @@ static void usage(FILE *f) {
             "  --requests N         requests measured in total (default 64)\n"
             "  --prompt-tokens P    prompt length, uniform in [0.75 P, 1.25 P] (default 128)\n"
             "  --max-tokens M       max_tokens of each request, temperature 0 (default 64)\n"
-            "  --warmup W           uncounted requests first, one at a time (default 2)\n"
+            "  --warmup W           uncounted requests of full size first, one at a time,\n"
+            "                       after one short request that sizes the prompts (default 2)\n"
             "  --model NAME         model to request (default: the first of GET /v1/models)\n"
             "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
             "  --timeout S          seconds one request may take (default 600)\n"
@@ -166,7 +167,8 @@ static void stream_line(bench_stream *st, char *line, size_t n) {
     }
     json_t *u = json_object_get(j, "usage");
     if (json_is_object(u)) {
-        json_t *pt = json_object_get(u, "prompt_tokens"), *ct = json_object_get(u, "completion_tokens");
+        json_t *pt = json_object_get(u, "prompt_tokens");
+        json_t *ct = json_object_get(u, "completion_tokens");
         if (json_is_integer(pt) && json_is_integer(ct)) {
             st->usage_seen = 1;
             st->r->prompt_tokens = (int)json_integer_value(pt);
@@ -216,10 +218,10 @@ static struct curl_slist *headers(const bench *b) {
     return h;
 }
 
-/* Send prompt and measure into *r (reset first). On failure r->ok is 0
- * and err says why. */
-static void run_one(const bench *b, CURL *curl, const char *prompt, req_stat *r, char *err,
-                    size_t err_cap) {
+/* Send prompt (temperature 0, max_tokens) and measure into *r (reset
+ * first). On failure r->ok is 0 and err says why. */
+static void run_one(const bench *b, CURL *curl, const char *prompt, int max_tokens, req_stat *r,
+                    char *err, size_t err_cap) {
     double *itl = r->itl;
     int cap_itl = r->cap_itl;
     memset(r, 0, sizeof *r);
@@ -230,7 +232,7 @@ static void run_one(const bench *b, CURL *curl, const char *prompt, req_stat *r,
     err[0] = 0;
 
     json_t *req = json_pack("{s:s,s:i,s:f,s:b,s:{s:b}}", "prompt", prompt, "max_tokens",
-                            b->max_tokens, "temperature", 0.0, "stream", 1, "stream_options",
+                            max_tokens, "temperature", 0.0, "stream", 1, "stream_options",
                             "include_usage", 1);
     if (req && b->model) json_object_set_new(req, "model", json_string(b->model));
     char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
@@ -301,7 +303,7 @@ static void *worker(void *arg) {
             snprintf(err, sizeof err, "libcurl: no handle");
             b->stats[i].ok = 0;
         } else {
-            run_one(b, curl, b->prompts[i], &b->stats[i], err, sizeof err);
+            run_one(b, curl, b->prompts[i], b->max_tokens, &b->stats[i], err, sizeof err);
         }
         if (!b->stats[i].ok) {
             pthread_mutex_lock(&b->mu);
@@ -531,9 +533,10 @@ static int report(const bench_opts *o, bench *b, double duration, double words_p
         printf("  %-30s %10d\n", "successful requests", ok);
         printf("  %-30s %10d\n", "failed requests", failed);
         printf("  %-30s %10.2f\n", "duration (s)", duration);
-        printf("  %-30s %10ld%s\n", "input tokens", in_tok,
-               usage_known ? "" : "  (the server sent no usage)");
-        printf("  %-30s %10ld\n", "output tokens", out_tok);
+        printf("  %-30s %10ld  (%.1f per request)%s\n", "input tokens", in_tok,
+               ok ? (double)in_tok / ok : 0.0, usage_known ? "" : ", the server sent no usage");
+        printf("  %-30s %10ld  (%.1f per request)\n", "output tokens", out_tok,
+               ok ? (double)out_tok / ok : 0.0);
         printf("  %-30s %10.2f\n", "request throughput (req/s)", req_tp);
         printf("  %-30s %10.2f\n", "output throughput (tok/s)", out_tp);
         printf("  %-30s %10.2f\n", "total throughput (tok/s)", tot_tp);
@@ -549,34 +552,49 @@ static int report(const bench_opts *o, bench *b, double duration, double words_p
     return failed ? EN_EXIT_ERROR : EN_EXIT_OK;
 }
 
-/* Warm up with o->warmup requests one at a time; returns the words per
- * prompt token they measured (the guess when the server sends no usage),
- * or a negative number when every warm-up request failed. */
-static double warm_up(const bench_opts *o, bench *b, CURL *curl, en_rng *rng) {
-    const double guess = 0.75; /* English words per SentencePiece token, roughly */
-    long words = 0, tokens = 0;
-    int ok = 0;
+/* Words per prompt token: one short request (a few words, max_tokens 1,
+ * not counted) reads it from usage.prompt_tokens before any prompt is
+ * sized, since it ranges from ~0.75 (large English vocabularies) to ~0.25
+ * (a 512-piece one). Then o->warmup uncounted requests of the real size,
+ * one at a time. Returns the ratio (a guess when the server sends no
+ * usage), or a negative number when the server cannot be used. */
+static double calibrate_and_warm_up(const bench_opts *o, bench *b, CURL *curl, en_rng *rng) {
+    const int probe_words = 24;
+    double wpt = 0.75;
     char err[512] = "";
     req_stat r = {0};
+    char *p = make_prompt(rng, probe_words);
+    if (p) run_one(b, curl, p, 1, &r, err, sizeof err);
+    en_free(p);
+    if (!r.ok) {
+        en_cli_error(CMD, "first request failed: %s", err[0] ? err : "out of memory");
+        en_free(r.itl);
+        return -1;
+    }
+    if (r.prompt_tokens > 0) wpt = (double)probe_words / r.prompt_tokens;
+    /* The full-size warm-ups refine the ratio: a short probe overweights
+     * the bos token and the sentence punctuation. */
+    int ok = 0;
+    long words = 0, tokens = 0;
     for (int i = 0; i < o->warmup; i++) {
-        int n_words = (int)lround(o->prompt_tokens * guess);
-        char *p = make_prompt(rng, n_words > 0 ? n_words : 1);
-        if (!p) break;
-        run_one(b, curl, p, &r, err, sizeof err);
+        int n_words = (int)lround(o->prompt_tokens * wpt);
+        if (n_words < 1) n_words = 1;
+        if (!(p = make_prompt(rng, n_words))) break;
+        run_one(b, curl, p, b->max_tokens, &r, err, sizeof err);
         en_free(p);
-        if (!r.ok) continue;
-        ok++;
-        if (r.prompt_tokens > 0) {
+        ok += r.ok;
+        if (r.ok && r.prompt_tokens > 0) {
             words += n_words;
             tokens += r.prompt_tokens;
         }
     }
+    if (tokens > 0) wpt = (double)words / tokens;
     en_free(r.itl);
     if (o->warmup > 0 && ok == 0) {
         en_cli_error(CMD, "warm-up request failed: %s", err[0] ? err : "out of memory");
         return -1;
     }
-    return tokens > 0 ? (double)words / tokens : guess;
+    return wpt;
 }
 
 static int bench_run(const bench_opts *o) {
@@ -607,7 +625,7 @@ static int bench_run(const bench_opts *o) {
 
     en_rng rng;
     en_rng_seed(&rng, o->seed);
-    double wpt = warm_up(o, &b, curl, &rng);
+    double wpt = calibrate_and_warm_up(o, &b, curl, &rng);
     if (wpt < 0) goto done;
 
     b.n_prompts = o->requests;
