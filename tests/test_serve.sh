@@ -18,11 +18,13 @@
 # The model: stories260K from SHARED (converted here) when it is there, else
 # a random one made here (tokenizer trained on examples/company, `energon
 # init`), so the suite never needs ../shared. EN_SERVE_TEST_MODEL=random
-# forces the second. Python: the venv scripts/install-deps makes
+# forces the second; EN_SERVE_TESTS picks scripts, EN_SERVE_KEEP=1 keeps the
+# scratch directory (server logs). Python: the venv scripts/install-deps makes
 # (.venv-test, with the openai client); exit 77 when it is missing.
 set -u
-ENERGON=$1
-FIX=$2
+abspath() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+ENERGON=$(abspath "$1")
+FIX=$(abspath "$2")
 SHARED=${3:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
@@ -47,7 +49,7 @@ cleanup() {
         kill -KILL "$SPID" 2>/dev/null
         wait "$SPID" 2>/dev/null
     fi
-    rm -rf "$T"
+    if [ -n "${EN_SERVE_KEEP:-}" ]; then echo "test_serve: kept $T"; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
 
@@ -107,7 +109,8 @@ export EN_URL=$URL EN_SERVER_PID=$SPID EN_MODEL_DIR=$T/model EN_MODEL_NAME=$NAME
 pass=0
 fail=0
 skipped=()
-for script in api_openai bad_input concurrency disconnect chat_page chat_cli soak sigterm; do
+# EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
+for script in ${EN_SERVE_TESTS:-api_openai bad_input concurrency disconnect chat_page chat_cli soak sigterm}; do
     echo "---- $script"
     t0=$SECONDS
     (cd "$HERE/serve" && "$PY" -u "$script.py") >"$T/$script.out" 2>&1
