@@ -10,7 +10,9 @@ KV cache must be empty at the end.
 Count: EN_SOAK_REQUESTS, default 3000 (600 under AddressSanitizer, whose
 quarantine of freed memory also makes RSS meaningless: there the RSS
 figures are printed, and leaks are left to LeakSanitizer when the server
-exits at the end of the suite).
+exits at the end of the suite). The soak also stops after EN_SOAK_SECONDS
+(default 240) on a machine too busy for the count; at least a third of the
+count must be done.
 """
 import json
 import os
@@ -23,6 +25,7 @@ from common import (ASAN, MODEL, PID, URL, alive, check, finish, health, http_js
                     n_fds, note, post, proc_status, split_url)
 
 N = int(os.environ.get("EN_SOAK_REQUESTS") or (600 if ASAN else 3000))
+MAX_S = float(os.environ.get("EN_SOAK_SECONDS") or 240)
 WARM = max(100, N // 10)
 THREADS = 8
 words = "the otter rang the brass bell and the frogs woke up on the river".split()
@@ -69,16 +72,17 @@ def one(rng):
     return 400 if st in (400, 404) else -st
 
 
-def run(n, seed):
+def run(n, seed, max_s):
     counts = {}
     lock = threading.Lock()
     todo = list(range(n))
+    deadline = time.time() + max_s
 
     def worker(t):
         rng = random.Random(seed * 100 + t)
         while True:
             with lock:
-                if not todo:
+                if not todo or time.time() > deadline:
                     return
                 todo.pop()
             try:
@@ -107,20 +111,23 @@ def settle():
 
 
 t0 = time.time()
-c_warm = run(WARM, 1)
+c_warm = run(WARM, 1, MAX_S / 4)
 settle()
 time.sleep(0.3)
 before, fd_before = proc_status(), n_fds()
 t1 = time.time()
-counts = run(N, 2)
+counts = run(N, 2, MAX_S)
 t_soak = time.time() - t1
 ms = settle()
 time.sleep(0.3)
 after, fd_after = proc_status(), n_fds()
 
 unexpected = {k: v for k, v in counts.items() if k not in (200, 400)}
-check(not unexpected, f"soak: {N} requests, every one answered as expected",
-      f"{counts} in {t_soak:.1f} s ({N / t_soak:.0f} req/s; warm-up {WARM}: {c_warm})")
+done = sum(counts.values())
+check(not unexpected, f"soak: {done} requests, every one answered as expected",
+      f"{counts} in {t_soak:.1f} s ({done / t_soak:.0f} req/s; warm-up {sum(c_warm.values())}: {c_warm})")
+check(done >= N // 3, "soak: enough requests within the time limit",
+      f"{done} of {N} in {t_soak:.0f} s (limit {MAX_S:.0f} s)")
 rb, ra = before["VmRSS"], after["VmRSS"]
 margin = max(0.10 * rb, 4096)
 msg = f"VmRSS after warm-up {rb / 1024:.1f} MiB, after soak {ra / 1024:.1f} MiB ({(ra - rb) / 1024:+.1f} MiB)"
