@@ -60,6 +60,9 @@ enum MHD_Result metrics_send(http_req *r) {
               st.kv_blocks_total);
         gauge(&b, &n, &c, "energon_kv_cache_block_size", "Tokens per KV-cache block.",
               st.block_size);
+        counter(&b, &n, &c, "energon_preemptions_total",
+                "Running requests whose KV blocks were taken back (recomputed later).",
+                st.preemptions);
     }
     if (!b) return MHD_NO;
     enum MHD_Result ret =
