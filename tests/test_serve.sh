@@ -60,6 +60,10 @@ if ldd "$ENERGON" 2>/dev/null | grep -q libasan || nm -D "$ENERGON" 2>/dev/null 
     ASAN=1
 fi
 
+# Every request of the suite goes to this machine's loopback, never through a
+# proxy the environment may name (httpx, urllib and Chromium all read these).
+export NO_PROXY=127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY} no_proxy=127.0.0.1,localhost${no_proxy:+,$no_proxy}
+
 # ---- the model
 S=$SHARED/models/stories260K
 if [ "${EN_SERVE_TEST_MODEL:-auto}" != random ] && [ -f "$S/stories260K.bin" ] && [ -f "$S/tok512.model" ]; then
@@ -161,9 +165,12 @@ if grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/
 fi
 
 if [ "$fail" -gt 0 ]; then
+    echo "---- server-main.log (last 40 lines)"
+    tail -40 "$T/server-main.log" | sed 's/^/  | /'
     for log in "$T"/server-*.log; do
-        echo "---- $(basename "$log") (last 40 lines)"
-        tail -40 "$log" | sed 's/^/  | /'
+        [ "$log" = "$T/server-main.log" ] && continue
+        echo "---- $(basename "$log") (last 8 lines)"
+        tail -8 "$log" | sed 's/^/  | /'
     done
 fi
 [ ${#skipped[@]} -gt 0 ] && echo "skipped: ${skipped[*]}"

@@ -46,7 +46,7 @@ class Browser:
         self.proc = subprocess.Popen(
             [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-             "--remote-debugging-pipe", f"--user-data-dir={prof}", "--window-size=1000,800", "about:blank"],
+             "--no-proxy-server", "--remote-debugging-pipe", f"--user-data-dir={prof}", "--window-size=1000,800", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, preexec_fn=fds, close_fds=False)
         os.close(cmd_r)
         os.close(ev_w)
