@@ -557,6 +557,12 @@ void en_server_stop(en_server *s, double grace_s) {
     if (!s) return;
     /* 1. No new connections; new requests on open ones get 503. */
     MHD_socket lfd = MHD_quiesce_daemon(s->mhd);
+    /* Quiescing only stops accepting: the kernel would still complete
+     * handshakes into the backlog and those clients would hang until the
+     * end. Shutting the listening socket down makes new connections fail
+     * at once; the descriptor itself stays open until MHD has stopped, as
+     * MHD_quiesce_daemon asks. */
+    if (lfd != MHD_INVALID_SOCKET) shutdown(lfd, SHUT_RDWR);
     pthread_mutex_lock(&s->mu);
     s->draining = 1;
     /* 2. Let running generations finish within the grace period. */
