@@ -78,6 +78,7 @@ struct en_engine {
     int stopping;
     en_request *wait_head, *wait_tail;
     int n_waiting;
+    int preempted_last_step;
     en_engine_stats st;
     /* scheduler only */
     en_request **running;
@@ -397,12 +398,12 @@ static void update_kv_stats(en_engine *e) { /* under e->mu */
     e->st.kv_blocks_used = e->st.kv_blocks_total - en_kv_pool_n_free(e->kv);
 }
 
-/* Blocks free for admissions: a small reserve stays back for the running
- * requests' next tokens, so that an admission does not force a preemption
- * at the very next step. Under e->mu. */
+/* Blocks free for admissions. One block per running request stays back
+ * (room for each to grow), so that an admission does not force a
+ * preemption a few steps later: admitting and preempting the same request
+ * in turn would recompute its prompt again and again. Under e->mu. */
 static int admit_budget(const en_engine *e) {
-    int free_blocks = en_kv_pool_n_free(e->kv);
-    return e->n_running == 0 ? free_blocks : free_blocks - (e->st.kv_blocks_total / 64 + 1);
+    return en_kv_pool_n_free(e->kv) - e->n_running;
 }
 
 /* Waiting -> running while there is room in the batch and blocks for the
@@ -413,11 +414,15 @@ static int admit_budget(const en_engine *e) {
 static void admit(en_engine *e) {
     const int bs = e->cfg.block_size;
     pthread_mutex_lock(&e->mu);
+    /* after a preemption the pool is short: let the running requests
+     * finish some work before anyone joins */
+    int hold = e->preempted_last_step && e->n_running > 0;
+    e->preempted_last_step = 0;
     while (e->wait_head) {
         en_request *r = e->wait_head;
         int drop = is_cancelled(r);
         if (!drop) {
-            if (e->n_running >= e->cfg.max_batch) break;
+            if (hold || e->n_running >= e->cfg.max_batch) break;
             int need = (r->n_tok + 1 + bs - 1) / bs;
             if (need > admit_budget(e) || !en_kv_pool_alloc(e->kv, need, r->blocks)) break;
             r->n_blocks = need;
@@ -465,6 +470,7 @@ static void preempt(en_engine *e, int idx) {
     if (!e->wait_tail) e->wait_tail = r;
     e->n_waiting++;
     e->st.preemptions++;
+    e->preempted_last_step = 1;
     e->st.running = e->n_running;
     update_kv_stats(e);
     pthread_mutex_unlock(&e->mu);
@@ -612,9 +618,10 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
     const en_model_hparams *hl = en_model_get_local_hparams(m);
     size_t row_bytes = 2 * (size_t)hp->n_layer * hl->n_kv_head * hl->head_dim * sizeof(float);
     if (c.kv_cache_tokens == 0) {
-        /* eight full contexts, or what fits 1 GiB if less, but one at least */
+        /* a full context for every request of a full batch, or what fits
+         * 1 GiB if less, but one context at least */
         int64_t fit = (int64_t)((1u << 30) / row_bytes);
-        int64_t want = 8 * (int64_t)c.n_ctx;
+        int64_t want = (int64_t)c.max_batch * c.n_ctx;
         if (want > fit) want = fit;
         if (want < c.n_ctx) want = c.n_ctx;
         c.kv_cache_tokens = (int)want;

@@ -37,7 +37,8 @@
 typedef struct en_engine_config {
     int max_batch;       /* sequences in the running batch (default 32) */
     int n_ctx;           /* context per sequence: prompt + output (default min(max_pos, 4096)) */
-    int kv_cache_tokens; /* total KV-cache budget in tokens (default 8 * n_ctx) */
+    int kv_cache_tokens; /* total KV-cache budget in tokens (default max_batch * n_ctx,
+                            at most what 1 GiB holds, at least n_ctx) */
     int block_size;      /* tokens per KV block (default 16) */
     int max_queue;       /* waiting requests beyond which submit says EN_ERR_BUSY (default 256) */
     int prefill_chunk;   /* prompt tokens per step, summed over requests (default 256) */
