@@ -125,13 +125,6 @@ check(err is None, "chat: usage consistent", err or
 n_user = tokenize(MSGS[0]["content"])
 check(d.usage.prompt_tokens > n_user, "chat: prompt_tokens count the template around the message",
       f"{d.usage.prompt_tokens} > {n_user} of the bare message")
-st, js, raw = post("/tokenize", {"model": MODEL, "messages": MSGS})
-if st == 200 and isinstance(js, dict) and ("count" in js or "tokens" in js):
-    n = js.get("count", len(js.get("tokens", [])))
-    check(n == d.usage.prompt_tokens, "chat: usage.prompt_tokens equals /tokenize of the messages",
-          f"usage {d.usage.prompt_tokens}, /tokenize {n}")
-else:
-    note(f"/tokenize with messages answered {st}: {short(raw, 100)} (not checked)")
 check(len(cd.message.content) > 0, "chat: non-empty answer", short(cd.message.content, 80))
 
 chunks = list(chat(stream=True, stream_options={"include_usage": True}))
@@ -256,9 +249,27 @@ if ok:
         check("".join(lp.tokens) == r.choices[0].text, "completions logprobs: tokens spell the text",
               short("".join(lp.tokens), 60))
 
+# ---- /tokenize, /detokenize, a prompt given as token ids
+st, tk, raw = post("/tokenize", {"model": MODEL, "prompt": PROMPT})
+toks = tk.get("tokens") if st == 200 and isinstance(tk, dict) else None
+check(isinstance(toks, list) and len(toks) == ntok and all(isinstance(t, int) for t in toks),
+      "/tokenize: a list of ids, as many as counted", short(raw, 100))
+if toks:
+    st, dt, raw = post("/detokenize", {"model": MODEL, "tokens": toks})
+    back = dt.get("prompt") if st == 200 and isinstance(dt, dict) else None
+    check(back == PROMPT, "/detokenize(/tokenize(prompt)) gives the prompt back", short(raw, 100))
+    r = cmpl(prompt=toks)
+    check(r.choices[0].text == ca.text and r.usage.prompt_tokens == a.usage.prompt_tokens,
+          "completions with the prompt as /tokenize's ids: same text and prompt_tokens as the string",
+          f"prompt_tokens {r.usage.prompt_tokens} vs {a.usage.prompt_tokens}" + (
+              "" if r.choices[0].text == ca.text else f"; {short(r.choices[0].text, 60)!r} vs {short(ca.text, 60)!r}"))
+
 # ---- models
-ids = [m.id for m in client.models.list().data]
+ms = client.models.list().data
+ids = [m.id for m in ms]
 check(MODEL in ids, "/v1/models lists the model", f"{ids}")
+mml = [getattr(m, "max_model_len", None) for m in ms if m.id == MODEL]
+check(mml == [CTX], "/v1/models: max_model_len is the context", f"{mml} vs {CTX}")
 
 # ---- errors through the client
 def expect_error(name, cls, fn):
