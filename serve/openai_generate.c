@@ -68,9 +68,7 @@ enum { PHASE_START = 0, PHASE_RUN, PHASE_END };
 
 /* ---- request fields ---- */
 
-static int parse_stop(const json_t *j, gen *g, const char **stops, int *n_stop, int max_user,
-                      oa_err *e) {
-    (void)g;
+static int parse_stop(const json_t *j, const char **stops, int *n_stop, int max_user, oa_err *e) {
     const json_t *v = json_object_get(j, "stop");
     if (!v || json_is_null(v)) return 0;
     if (json_is_string(v)) {
@@ -391,7 +389,8 @@ static void completion_lp_add(const gen *g, choice *c, json_t *lp, const en_gen_
         for (int i = 0; i < ev->n_top && i < g->top_logprobs; i++) {
             size_t m = oa_token_bytes(g->tok, ev->top_ids[i], b, sizeof b);
             json_t *key = oa_json_string_lossy(b, m);
-            if (key) json_object_set_new(t, json_string_value(key), json_logprob(ev->top_logprobs[i]));
+            if (key)
+                json_object_set_new(t, json_string_value(key), json_logprob(ev->top_logprobs[i]));
             json_decref(key);
         }
         json_array_append_new(tops, t);
@@ -725,7 +724,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     int n_stop = 0, n_tmpl = 0;
     const char *const *tmpl_stops = NULL;
     if (chat) tmpl_stops = en_chat_template_stop_strings(cfg->chat_template, &n_tmpl);
-    if (parse_stop(j, g, stops, &n_stop, EN_MAX_STOPS - n_tmpl, &e)) goto fail;
+    if (parse_stop(j, stops, &n_stop, EN_MAX_STOPS - n_tmpl, &e)) goto fail;
     for (int i = 0; i < n_tmpl; i++) stops[n_stop++] = tmpl_stops[i];
 
     if (chat) {
@@ -766,7 +765,8 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
         g->logprobs = lp >= 0;
         g->top_logprobs = lp > 0 ? (int)lp : 0;
         if (completion_prompt(j, g, echo, &ids, &n_ids, &e)) goto fail;
-        for (int i = 0; i < MAX_CHOICES; i++) g->ch[i].text_offset = utf8_chars(g->echo, g->echo_len);
+        size_t echo_chars = utf8_chars(g->echo, g->echo_len);
+        for (int i = 0; i < MAX_CHOICES; i++) g->ch[i].text_offset = echo_chars;
     }
 
     /* The context must hold the prompt and the whole answer (the engine

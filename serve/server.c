@@ -580,13 +580,14 @@ void en_server_stop(en_server *s, double grace_s) {
     /* 3. Whatever still runs is cancelled by its own waiting loop, which
      * notices within a tenth of a second; wait (briefly) for that, so that
      * the 503 answers are queued before the connections close. */
+    int cut = s->active > 0;
     s->stopping = 1;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 2;
     while (s->active > 0)
         if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0) break;
     pthread_mutex_unlock(&s->mu);
-    usleep(100 * 1000); /* time for those answers to be written */
+    if (cut) usleep(100 * 1000); /* time for those answers to be written */
     /* 4. Close the connections and join their threads. */
     MHD_stop_daemon(s->mhd);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);

@@ -35,8 +35,8 @@ typedef struct en_server en_server;
 
 /* Bind and start serving, borrowing e and tok (they must outlive the
  * server, or until en_server_set_engine replaces NULLs). e and tok may both
- * be NULL: the server then answers /health with 503 and generation,
- * tokenizer and /v1/models requests with 503 until en_server_set_engine,
+ * be NULL: the server then answers /health, generation and tokenizer
+ * requests with 503 until en_server_set_engine,
  * so that a caller can bind (and fail fast on a taken port) before loading
  * a model. cfg is copied (strings too). Errors: EN_ERR_ARG for a bad config
  * (names the field), EN_ERR_IO when the address cannot be bound (names it).
