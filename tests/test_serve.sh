@@ -115,7 +115,8 @@ pass=0
 fail=0
 skipped=()
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
-for script in ${EN_SERVE_TESTS:-api_openai bad_input concurrency disconnect chat_page chat_cli soak sigterm}; do
+SCRIPTS=${EN_SERVE_TESTS:-api_openai bad_input concurrency disconnect chat_page chat_cli soak sigterm}
+for script in $SCRIPTS; do
     echo "---- $script"
     t0=$SECONDS
     (cd "$HERE/serve" && "$PY" -u "$script.py") >"$T/$script.out" 2>&1
@@ -128,7 +129,7 @@ for script in ${EN_SERVE_TESTS:-api_openai bad_input concurrency disconnect chat
     if [ "$rc" -eq 77 ]; then
         skipped+=("$script")
     elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-        echo "FAIL $script: exited $rc without a FAIL line (a crash of the test script?)"
+        echo "FAIL $script: exited $rc without a FAIL line"
         fail=$((fail + 1))
     fi
     echo "     ($script: $((SECONDS - t0)) s)"
@@ -141,6 +142,7 @@ done
 
 # The main server got SIGTERM from sigterm.py: it must have exited 0 (under
 # ASan, LeakSanitizer makes a leak a non-zero exit). Killed if it hangs.
+case " $SCRIPTS " in *" sigterm "*) ;; *) alive "$SPID" && kill -TERM "$SPID" ;; esac
 for _ in $(seq 1 $((ASAN ? 1200 : 300))); do alive "$SPID" || break; sleep 0.1; done
 if alive "$SPID"; then
     echo "  .. the main server is still running: killing it"

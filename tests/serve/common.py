@@ -44,6 +44,18 @@ SLOW = 6.0 if ASAN else 1.0
 _counts = {"pass": 0, "fail": 0}
 
 
+def _uncaught(etype, value, tb):
+    """An exception that ends a script (e.g. the server went away) is a
+    FAIL line too, after its traceback."""
+    import traceback
+    traceback.print_exception(etype, value, tb)
+    name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    print(f"FAIL {name}: stopped by {etype.__name__}: {short(str(value), 200)}", flush=True)
+
+
+sys.excepthook = _uncaught
+
+
 def check(cond, name, detail=""):
     """One PASS or FAIL line; returns cond so callers can chain."""
     tag = "PASS" if cond else "FAIL"
