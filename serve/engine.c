@@ -260,8 +260,10 @@ void en_engine_get_stats(en_engine *e, en_engine_stats *st) {
 /* ---- the scheduler ---- */
 
 /* End a request: DONE event (with what the stop matcher and the decoder
- * still hold unless a stop string cut the text), blocks back, scheduler's
- * reference dropped. */
+ * still hold unless a stop string cut the text), blocks back. The
+ * scheduler's reference is dropped by whoever takes r off its list
+ * (sweep, admit, shutdown): the owner may release r the moment DONE is
+ * queued, so r must stay referenced while a list still points at it. */
 static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
     char *rest = NULL;
     size_t rest_len = 0;
@@ -312,7 +314,6 @@ static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
     r->state = RS_DONE;
     push_event(r, &ev, rest ? rest : "", rest_len);
     en_free(rest);
-    request_unref(r);
 }
 
 /* log-softmax of logits into lp; returns lp. */
@@ -434,6 +435,7 @@ static void admit(en_engine *e) {
         if (drop) {
             pthread_mutex_unlock(&e->mu);
             finish(e, r, "cancelled", 0);
+            request_unref(r);
             pthread_mutex_lock(&e->mu);
             continue;
         }
@@ -501,13 +503,17 @@ static void ensure_blocks(en_engine *e) {
     }
 }
 
-/* Remove finished / cancelled requests from the running list. */
+/* Remove finished / cancelled requests from the running list, dropping
+ * the scheduler's reference. */
 static void sweep(en_engine *e) {
     int k = 0;
     for (int i = 0; i < e->n_running; i++) {
         en_request *r = e->running[i];
         if (r->state == RS_RUNNING && is_cancelled(r)) finish(e, r, "cancelled", 0);
-        if (r->state == RS_RUNNING) e->running[k++] = r;
+        if (r->state == RS_RUNNING)
+            e->running[k++] = r;
+        else
+            request_unref(r); /* finished here or in the last step */
     }
     e->n_running = k;
     pthread_mutex_lock(&e->mu);
@@ -548,7 +554,7 @@ static void step(en_engine *e) {
          * End the step's requests rather than the server. */
         EN_LOGE("engine: forward step failed: %s", err.msg);
         for (int i = 0; i < ns; i++) finish(e, e->seq_req[i], "cancelled", 0);
-        return;
+        return; /* sweep takes them off the list */
     }
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
@@ -576,7 +582,10 @@ static void *scheduler_main(void *arg) {
         sweep(e);
     }
     /* shutting down: everything still here ends as cancelled */
-    for (int i = 0; i < e->n_running; i++) finish(e, e->running[i], "cancelled", 0);
+    for (int i = 0; i < e->n_running; i++) {
+        if (e->running[i]->state == RS_RUNNING) finish(e, e->running[i], "cancelled", 0);
+        request_unref(e->running[i]);
+    }
     e->n_running = 0;
     pthread_mutex_lock(&e->mu);
     en_request *r = e->wait_head;
@@ -586,6 +595,7 @@ static void *scheduler_main(void *arg) {
     while (r) {
         en_request *nx = r->next;
         finish(e, r, "cancelled", 0);
+        request_unref(r);
         r = nx;
     }
     return NULL;
