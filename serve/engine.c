@@ -306,6 +306,7 @@ static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
         r->n_blocks = 0;
         e->st.kv_blocks_used = e->st.kv_blocks_total - en_kv_pool_n_free(e->kv);
     }
+    if (r->state == RS_RUNNING) e->st.running--; /* counted the moment it ends */
     if (strcmp(reason, "cancelled") == 0)
         e->st.requests_cancelled++;
     else
@@ -445,9 +446,9 @@ static void admit(en_engine *e) {
             e->st.prompt_tokens += (uint64_t)r->n_prompt;
         }
         e->running[e->n_running++] = r;
+        e->st.running++;
         update_kv_stats(e);
     }
-    e->st.running = e->n_running;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -473,7 +474,7 @@ static void preempt(en_engine *e, int idx) {
     e->n_waiting++;
     e->st.preemptions++;
     e->preempted_last_step = 1;
-    e->st.running = e->n_running;
+    e->st.running--;
     update_kv_stats(e);
     pthread_mutex_unlock(&e->mu);
 }
@@ -516,9 +517,6 @@ static void sweep(en_engine *e) {
             request_unref(r); /* finished here or in the last step */
     }
     e->n_running = k;
-    pthread_mutex_lock(&e->mu);
-    e->st.running = k;
-    pthread_mutex_unlock(&e->mu);
 }
 
 /* One step: the next token of every decoding request plus prompt chunks

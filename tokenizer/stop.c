@@ -61,8 +61,8 @@ static int reserve(char **p, size_t *cap, size_t need) {
 /* Move buf[0, k) to out and shift the rest down. */
 static void release(en_stop *s, size_t k, const char **out, size_t *out_len) {
     if (!reserve(&s->out, &s->out_cap, k + 1)) k = 0; /* OOM: hold back, never lose */
-    memcpy(s->out, s->buf, k);
-    memmove(s->buf, s->buf + k, s->len - k);
+    if (k) memcpy(s->out, s->buf, k);
+    if (s->len > k) memmove(s->buf, s->buf + k, s->len - k); /* buf may still be NULL */
     s->len -= k;
     *out = s->out;
     *out_len = k;
