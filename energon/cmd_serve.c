@@ -43,8 +43,11 @@ static void usage(FILE *f) {
             "  --ctx N                 context per request, prompt + answer (default: the\n"
             "                          model's maximum, at most 4096)\n"
             "  --max-batch N           sequences decoded together (default 32)\n"
-            "  --kv-cache-tokens N     KV-cache budget in tokens (default 8 x --ctx)\n"
+            "  --kv-cache-tokens N     KV-cache budget in tokens (default --max-batch x --ctx,\n"
+            "                          at most 1 GiB of cache)\n"
             "  --max-queue N           waiting requests before 429 (default 256)\n"
+            "  --prefill-chunk N       prompt tokens per step, over all requests (default 256)\n"
+            "  --block-size N          tokens per KV-cache block (default 16)\n"
             "  --max-body BYTES        largest request body (default 1048576)\n"
             "  --timeout S             idle / half-sent request timeout (default 30)\n"
             "  --max-connections N     open connections (default 512)\n"
@@ -146,6 +149,11 @@ int en_cmd_serve(int argc, char **argv) {
         } else if (en_cli_flag(argc, argv, &i, "--kv-cache-tokens", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--kv-cache-tokens", v, 1, 1 << 30, &ec.kv_cache_tokens))
                 bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--prefill-chunk", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--prefill-chunk", v, 1, 1 << 20, &ec.prefill_chunk))
+                bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--block-size", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--block-size", v, 1, 1024, &ec.block_size)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--max-queue", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--max-queue", v, 0, 1 << 24, &ec.max_queue)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--max-body", &v, &bad)) {
