@@ -36,6 +36,7 @@ struct en_request {
     int n_prompt;
     en_gen_params p;
     char *stops[EN_MAX_STOPS];
+    char *end_of_turn; /* or NULL */
     double t_submit;
     /* scheduler only */
     int state;
@@ -158,6 +159,7 @@ static void request_free(en_request *r) {
     }
     free_node(r->cur);
     for (int i = 0; i < EN_MAX_STOPS; i++) en_free(r->stops[i]);
+    en_free(r->end_of_turn);
     en_free(r->prompt);
     en_free(r->toks);
     en_free(r->blocks);
@@ -291,6 +293,14 @@ static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
             }
         }
     }
+    if (strcmp(reason, "eos") == 0) {
+        /* The template's closing text, still held back by the stop matcher
+         * (it is a prefix of the next turn's header), is markup: drop it. */
+        size_t k = r->end_of_turn ? strlen(r->end_of_turn) : 0;
+        if (k && rest_len >= k && memcmp(rest + rest_len - k, r->end_of_turn, k) == 0)
+            rest_len -= k;
+        reason = "stop";
+    }
     double t = now_s();
     en_gen_event ev = {0};
     ev.kind = EN_EV_DONE;
@@ -364,7 +374,7 @@ static int on_token(en_engine *e, en_request *r, float *logits) {
     if (r->t_first == 0) r->t_first = t;
     r->t_last = t;
     if (id == e->eos && !r->p.ignore_eos) {
-        finish(e, r, "stop", 1);
+        finish(e, r, "eos", 1);
         return 1;
     }
     r->toks[r->n_tok++] = id;
@@ -745,8 +755,15 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     r->refs = 2;
     r->n_prompt = n;
     r->strip_pending = p->strip_leading_space;
+    r->p.end_of_turn = NULL;
     r->prompt = en_malloc((size_t)n * sizeof(int32_t));
     s = r->prompt ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK && p->end_of_turn && p->end_of_turn[0]) {
+        size_t len = strlen(p->end_of_turn);
+        r->end_of_turn = en_malloc(len + 1);
+        if (r->end_of_turn) memcpy(r->end_of_turn, p->end_of_turn, len + 1);
+        else s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    }
     if (s == EN_OK) memcpy(r->prompt, ids, (size_t)n * sizeof(int32_t));
     int max_blocks = (n + p->max_tokens + e->cfg.block_size - 1) / e->cfg.block_size;
     r->toks = en_malloc(((size_t)n + (size_t)p->max_tokens) * sizeof(int32_t));
@@ -754,8 +771,7 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     if (s == EN_OK && (!r->toks || !r->blocks)) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (s == EN_OK) memcpy(r->toks, ids, (size_t)n * sizeof(int32_t));
     r->n_tok = n;
-    for (int i = 0; i < p->n_stop && s == EN_OK; i++)
-    {
+    for (int i = 0; i < p->n_stop && s == EN_OK; i++) {
         size_t len = strlen(p->stop[i]);
         if (!(r->stops[i] = en_malloc(len + 1))) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         else memcpy(r->stops[i], p->stop[i], len + 1);

@@ -72,6 +72,9 @@ typedef struct en_gen_params {
     int top_logprobs;       /* 0..EN_MAX_TOP_LOGPROBS alternatives per token (needs logprobs) */
     int strip_leading_space; /* drop one leading space of the text (chat answers: the
                                 SentencePiece dummy prefix of the answer segment) */
+    const char *end_of_turn; /* NULL, or text dropped from the end of an output that
+                                ends with eos (a chat template's closing markup,
+                                en_chat_template_end_of_turn); copied */
 } en_gen_params;
 en_gen_params en_gen_params_default(void); /* greedy, max_tokens 16 */
 

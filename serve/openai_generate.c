@@ -795,6 +795,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     gp.logprobs = g->logprobs;
     gp.top_logprobs = g->top_logprobs;
     gp.strip_leading_space = chat;
+    gp.end_of_turn = chat ? en_chat_template_end_of_turn(cfg->chat_template) : NULL;
     g->prompt_tokens = (int)n_ids;
     r->prompt_tokens = (int)n_ids;
     if (!seeded) seed = srv_random_seed(r->srv);

@@ -83,6 +83,10 @@ const char *const *en_chat_template_stop_strings(en_chat_template_id t, int *n) 
     return s;
 }
 
+const char *en_chat_template_end_of_turn(en_chat_template_id t) {
+    return t == EN_CHAT_PLAIN ? "\n\n" : "";
+}
+
 /* ---- the render object ---- */
 
 struct en_chat_render {

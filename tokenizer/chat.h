@@ -60,6 +60,13 @@ int en_chat_template_guess(const char *hf_chat_template, en_chat_template_id *ou
  * the count (0 and NULL for a bad value). */
 const char *const *en_chat_template_stop_strings(en_chat_template_id t, int *n);
 
+/* The text template t closes an assistant turn with before the eos id
+ * (plain: "\n\n"; "" for llama2 and chatml, whose turns end with a token or
+ * a stop string). A server drops it from the end of an answer that ended
+ * with eos, so that clients get the answer, not the template's markup.
+ * Static; "" for a bad value. */
+const char *en_chat_template_end_of_turn(en_chat_template_id t);
+
 /* A piece of rendered text. The segments of a render concatenate to
  * en_chat_render_text(). */
 typedef struct en_chat_segment {
