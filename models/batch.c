@@ -253,17 +253,7 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
     en_paged_step pg = {n_seqs, b->tok_off, b->n_keys, b->kv_rows, b->kv_off, b->store_rows,
                         b->k_new, b->v_new};
     en_llama_embed(m, b->x, b->ids, n, NULL);
-    en_layer_acts a = {0};
-    a.xn1 = b->xn;
-    a.q = b->q;
-    a.att = b->att;
-    a.xn2 = b->xn;
-    a.gate = b->gate;
-    a.up = b->up;
-    a.h = b->gate; /* in place */
-    a.tmp = b->tmp;
-    a.proj = b->xn; /* o/down outputs: their inputs are att and h, not xn */
-    a.lora_u = b->lora_u;
+    en_layer_acts a = en_llama_infer_acts(b->xn, b->q, b->att, b->gate, b->up, b->tmp, b->lora_u);
     a.pg = &pg;
     const size_t layer_rows = kv->rows * kv->kvd;
     for (int l = 0; l < hp->n_layer; l++)

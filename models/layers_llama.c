@@ -172,6 +172,21 @@ void en_llama_embed(const en_model *m, float *x, const int32_t *ids, int n, int3
     en_model_tp_allreduce(m, x, (size_t)n * C);
 }
 
+en_layer_acts en_llama_infer_acts(float *xn, float *q, float *att, float *gate, float *up,
+                                  float *tmp, float *lora_u) {
+    en_layer_acts a = {0};
+    a.xn1 = a.xn2 = xn;
+    a.q = q;
+    a.att = att;
+    a.gate = gate;
+    a.up = up;
+    a.h = gate; /* in place */
+    a.tmp = tmp;
+    a.proj = xn; /* o/down outputs: their inputs are att and h, not xn */
+    a.lora_u = lora_u;
+    return a;
+}
+
 void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits) {
     en_model *m = c->m;
     en_backend *be = m->be;
@@ -182,17 +197,7 @@ void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits,
 
     for (int t = 0; t < n; t++) c->pos[t] = p0 + t;
     en_llama_embed(m, c->x, ids, n, c->ids_local);
-    en_layer_acts a = {0};
-    a.xn1 = c->xn;
-    a.q = c->q;
-    a.att = c->att;
-    a.xn2 = c->xn;
-    a.gate = c->gate;
-    a.up = c->up;
-    a.h = c->gate; /* in place */
-    a.tmp = c->tmp;
-    a.proj = c->xn; /* o/down outputs: their inputs are att and h, not xn */
-    a.lora_u = c->lora_u;
+    en_layer_acts a = en_llama_infer_acts(c->xn, c->q, c->att, c->gate, c->up, c->tmp, c->lora_u);
     for (int l = 0; l < hp->n_layer; l++)
         en_llama_layer_fwd(m, l, c->x, n, 1, c->pos, c->k_cache + (size_t)l * layer_cache,
                            c->v_cache + (size_t)l * layer_cache, p0, &a);

@@ -154,6 +154,12 @@ void en_llama_embed(const en_model *m, float *x, const int32_t *ids, int n, int3
  * lives on another tensor-parallel rank. Returns how many are elsewhere. */
 int en_llama_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *ids_local);
 
+/* The layer buffers of an inference pass (a context's or a batch's
+ * scratch): one set reused by every layer, the MLP's product written over
+ * the gate, o/down outputs into xn (their inputs are att and h, not xn). */
+en_layer_acts en_llama_infer_acts(float *xn, float *q, float *att, float *gate, float *up,
+                                  float *tmp, float *lora_u);
+
 /* The forward pass of the Llama family over one chunk (layers_llama.c). */
 void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
 
