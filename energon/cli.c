@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <jansson.h>
 #include <string.h>
 
 #include "../common/file.h"
@@ -218,4 +219,35 @@ void en_cli_unload(en_cli_model *cm) {
     en_backend_destroy(cm->be);
     en_comm_destroy(cm->comm); /* last: it may finalize MPI */
     memset(cm, 0, sizeof *cm);
+}
+
+en_chat_template_id en_cli_chat_template_for(const char *dir) {
+    en_chat_template_id id = EN_CHAT_PLAIN;
+    char *path = en_path_join(dir, "tokenizer_config.json");
+    json_t *j = path && en_path_exists(path) ? json_load_file(path, 0, NULL) : NULL;
+    en_free(path);
+    const json_t *t = json_object_get(j, "chat_template");
+    const char *s = json_string_value(t);
+    if (json_is_array(t)) {
+        for (size_t i = 0; i < json_array_size(t); i++) {
+            const json_t *it = json_array_get(t, i);
+            const char *name = json_string_value(json_object_get(it, "name"));
+            if (!s || (name && strcmp(name, "default") == 0))
+                s = json_string_value(json_object_get(it, "template"));
+        }
+    }
+    if (!en_chat_template_guess(s, &id)) id = EN_CHAT_PLAIN;
+    json_decref(j);
+    return id;
+}
+
+void en_cli_dir_basename(const char *dir, char *out, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    size_t len = n - b < cap - 1 ? n - b : cap - 1;
+    memcpy(out, dir + b, len);
+    out[len] = 0;
+    if (!out[0]) snprintf(out, cap, "energon");
 }

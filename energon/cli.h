@@ -1,7 +1,8 @@
 /*
  * cli.h - helpers shared by the energon subcommands: flag parsing that names
- * the flag in every error, loading a model directory with its tokenizer, and
- * exit codes (0 ok, 1 runtime error, 2 usage error).
+ * the flag in every error, loading a model directory with its tokenizer, what
+ * a model directory says about serving it (chat template, name), and exit
+ * codes (0 ok, 1 runtime error, 2 usage error).
  */
 #ifndef EN_CLI_H
 #define EN_CLI_H
@@ -10,6 +11,7 @@
 
 #include "../common/backend.h"
 #include "../models/model.h"
+#include "../tokenizer/chat.h"
 #include "../tokenizer/tokenizer.h"
 
 #define EN_EXIT_OK 0
@@ -59,5 +61,17 @@ void en_cli_unload(en_cli_model *cm);
  * when argv[*i] was one of them. */
 int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
                      int *bad);
+
+/* The chat template that DIR/tokenizer_config.json's "chat_template" looks
+ * like (en_chat_template_guess): a string, or a list of {name, template}
+ * where the one named "default" wins, else the first. EN_CHAT_PLAIN when the
+ * file or the field is missing, unreadable or not a template we know: a
+ * guess, so never an error. dir is borrowed. */
+en_chat_template_id en_cli_chat_template_for(const char *dir);
+
+/* The last path component of dir, without trailing slashes
+ * ("models/hr-bot/" -> "hr-bot"), cut to fit out[cap] (cap >= 1); "energon"
+ * when there is none ("/"). The name a served model goes by by default. */
+void en_cli_dir_basename(const char *dir, char *out, size_t cap);
 
 #endif

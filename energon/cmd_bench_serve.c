@@ -32,10 +32,9 @@
 #include "../common/rng.h"
 #include "../common/status.h"
 #include "cli.h"
+#include "http_client.h"
 
 #define CMD "bench serve"
-/* An SSE line or error body longer than this means the server is broken. */
-#define MAX_LINE ((size_t)16 << 20)
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -58,28 +57,6 @@ static void usage(FILE *f) {
             "  --timeout S          seconds one request may take (default 600)\n"
             "  --seed S             seed of the prompts (default 0)\n"
             "  --json               one JSON object instead of the table\n");
-}
-
-/* ---- a growable byte string, always NUL-terminated ---- */
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static int sbuf_add(sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = en_realloc(b->p, cap);
-        if (!p) return 0;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 1;
 }
 
 /* ---- what one request measured ---- */
@@ -111,32 +88,22 @@ typedef struct bench {
 
 /* One request in flight. */
 typedef struct bench_stream {
-    CURL *curl;
-    long status;
-    sbuf line; /* an SSE line not yet ended by '\n' */
-    sbuf body; /* a body that is not an event stream (an error) */
-    int done;  /* "data: [DONE]" seen */
-    int overflow;
+    en_sse rd; /* the reader: status, error body, [DONE], overflow */
     int usage_seen;
     double t0, t_last;
     req_stat *r;
     char err[400];
 } bench_stream;
 
-static void stream_line(bench_stream *st, char *line, size_t n) {
-    if (n && line[n - 1] == '\r') line[--n] = 0;
-    if (strncmp(line, "data:", 5) != 0) return;
-    const char *d = line + 5;
-    if (*d == ' ') d++;
-    if (strcmp(d, "[DONE]") == 0) {
-        st->done = 1;
-        return;
-    }
+/* One event's data (en_sse_data_fn): a text_completion chunk, the usage
+ * chunk, or an error. Returns 0 (stop) when out of memory. */
+static int on_event(void *user, const char *d) {
+    bench_stream *st = user;
     double now = en_time_now(); /* before parsing: the arrival time is what counts */
     json_t *j = json_loads(d, 0, NULL);
     if (!j) {
         if (!st->err[0]) snprintf(st->err, sizeof st->err, "malformed event: %.80s", d);
-        return;
+        return 1;
     }
     json_t *e = json_object_get(j, "error");
     if (e) {
@@ -153,9 +120,8 @@ static void stream_line(bench_stream *st, char *line, size_t n) {
                 int cap = r->cap_itl ? 2 * r->cap_itl : 64;
                 double *p = en_realloc(r->itl, (size_t)cap * sizeof *p);
                 if (!p) {
-                    st->overflow = 1;
                     json_decref(j);
-                    return;
+                    return 0;
                 }
                 r->itl = p;
                 r->cap_itl = cap;
@@ -176,46 +142,7 @@ static void stream_line(bench_stream *st, char *line, size_t n) {
         }
     }
     json_decref(j);
-}
-
-static size_t on_body(char *p, size_t size, size_t nmemb, void *user) {
-    bench_stream *st = user;
-    size_t n = size * nmemb;
-    if (!st->status) curl_easy_getinfo(st->curl, CURLINFO_RESPONSE_CODE, &st->status);
-    if (st->status != 200) {
-        if (st->body.len + n > MAX_LINE || !sbuf_add(&st->body, p, n)) {
-            st->overflow = 1;
-            return 0;
-        }
-        return n;
-    }
-    /* Callbacks split the stream anywhere: a cut line waits in st->line. */
-    size_t i = 0;
-    while (i < n) {
-        const char *nl = memchr(p + i, '\n', n - i);
-        size_t k = nl ? (size_t)(nl - (p + i)) : n - i;
-        if (st->line.len + k > MAX_LINE || !sbuf_add(&st->line, p + i, k)) {
-            st->overflow = 1;
-            return 0;
-        }
-        i += k;
-        if (!nl) break;
-        i++;
-        stream_line(st, st->line.p, st->line.len);
-        st->line.len = 0;
-        if (st->overflow) return 0;
-    }
-    return n;
-}
-
-static struct curl_slist *headers(const bench *b) {
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    if (b->api_key && *b->api_key) {
-        char auth[1100];
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", b->api_key);
-        h = curl_slist_append(h, auth);
-    }
-    return h;
+    return 1;
 }
 
 /* Send prompt (temperature 0, max_tokens) and measure into *r (reset
@@ -243,50 +170,41 @@ static void run_one(const bench *b, CURL *curl, const char *prompt, int max_toke
     }
     char url[1200], curl_err[CURL_ERROR_SIZE] = "";
     snprintf(url, sizeof url, "%s/v1/completions", b->base);
-    struct curl_slist *hdr = headers(b);
-    bench_stream st = {.curl = curl, .r = r};
-    curl_easy_reset(curl); /* keeps the open connection */
-    curl_easy_setopt(curl, CURLOPT_URL, url);
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &st);
-    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, curl_err);
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); /* signals and threads do not mix */
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 10L);
+    struct curl_slist *hdr = en_http_json_headers(b->api_key);
+    bench_stream st = {.rd = {.sse = 1, .on_data = on_event}, .r = r};
+    st.rd.user = &st;
+    en_http_prepare(curl, url, hdr, body, &st.rd, curl_err);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT, b->timeout_s);
     st.t0 = en_time_now();
     CURLcode rc = curl_easy_perform(curl);
     r->e2el = en_time_now() - st.t0;
-    if (!st.status) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &st.status);
-    if (rc == CURLE_OK && st.status == 200 && st.line.len)
-        stream_line(&st, st.line.p, st.line.len); /* a last line without '\n' */
-    if (st.overflow) {
-        snprintf(err, err_cap, "a response line over %zu MiB (or out of memory)", MAX_LINE >> 20);
+    en_sse_finish(&st.rd, rc);
+    if (st.rd.overflow) {
+        snprintf(err, err_cap, "a response line over %zu MiB (or out of memory)",
+                 EN_HTTP_MAX_LINE >> 20);
     } else if (rc != CURLE_OK) {
         const char *why = curl_err[0] ? curl_err : curl_easy_strerror(rc);
         if (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST)
             snprintf(err, err_cap, "cannot connect to %.250s: %.200s", b->base, why);
         else
             snprintf(err, err_cap, "%.300s: %.200s", url, why);
-    } else if (st.status != 200) {
-        json_t *j = st.body.len ? json_loads(st.body.p, 0, NULL) : NULL;
+    } else if (st.rd.status != 200) {
+        const en_sbuf *eb = &st.rd.body;
+        json_t *j = eb->len ? json_loads(eb->p, 0, NULL) : NULL;
         const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
-        snprintf(err, err_cap, "HTTP %ld: %.300s", st.status,
-                 m ? m : st.body.len ? st.body.p : "(empty body)");
+        snprintf(err, err_cap, "HTTP %ld: %.300s", st.rd.status,
+                 m ? m : eb->len ? eb->p : "(empty body)");
         json_decref(j);
     } else if (st.err[0]) {
         snprintf(err, err_cap, "%s", st.err);
-    } else if (!st.done) {
+    } else if (!st.rd.done) {
         snprintf(err, err_cap, "the stream ended without data: [DONE]");
     } else {
         r->ok = 1;
         if (!st.usage_seen) r->output_tokens = r->chunks;
     }
     curl_slist_free_all(hdr);
-    en_free(st.line.p);
-    en_free(st.body.p);
+    en_sse_deinit(&st.rd);
     free(body); /* jansson's allocator */
 }
 
@@ -344,21 +262,22 @@ static const char *const k_words[] = {
 /* A prompt of n_words words: sentences of 6-15 words, capitalised, with a
  * full stop, ending in a question mark (as a question to a chatbot would). */
 static char *make_prompt(en_rng *rng, int n_words) {
-    sbuf s = {0};
+    en_sbuf s = {0};
     int left_in_sentence = 0;
     for (int w = 0; w < n_words; w++) {
         const char *word = k_words[en_rng_below(rng, N_WORDS)];
         int start = left_in_sentence == 0;
         if (start) left_in_sentence = 6 + (int)en_rng_below(rng, 10);
-        if (w > 0 && !sbuf_add(&s, " ", 1)) goto oom;
+        if (w > 0 && !en_sbuf_add(&s, " ", 1)) goto oom;
         char first = start && word[0] >= 'a' && word[0] <= 'z' ? (char)(word[0] - 'a' + 'A')
                                                                  : word[0];
-        if (!sbuf_add(&s, &first, 1) || !sbuf_add(&s, word + 1, strlen(word + 1))) goto oom;
+        if (!en_sbuf_add(&s, &first, 1) || !en_sbuf_add(&s, word + 1, strlen(word + 1)))
+            goto oom;
         left_in_sentence--;
         const char *end = w == n_words - 1 ? "?" : left_in_sentence == 0 ? "." : NULL;
-        if (end && !sbuf_add(&s, end, 1)) goto oom;
+        if (end && !en_sbuf_add(&s, end, 1)) goto oom;
     }
-    if (!s.p && !sbuf_add(&s, "", 0)) goto oom;
+    if (!s.p && !en_sbuf_add(&s, "", 0)) goto oom;
     return s.p;
 oom:
     en_free(s.p);
@@ -408,32 +327,20 @@ static void json_summary(json_t *o, const char *name, summary s) {
 
 /* ---- the model name ---- */
 
-static size_t on_get(char *p, size_t size, size_t nmemb, void *user) {
-    size_t n = size * nmemb;
-    return sbuf_add(user, p, n) ? n : 0;
-}
-
 /* GET /v1/models: the first model's id, when the server lists one. A
  * failure here is not fatal: the warm-up requests report it properly. */
 static char *first_model(const bench *b, CURL *curl) {
     char url[1200];
     snprintf(url, sizeof url, "%s/v1/models", b->base);
-    sbuf body = {0};
-    struct curl_slist *hdr = headers(b);
-    curl_easy_reset(curl);
-    curl_easy_setopt(curl, CURLOPT_URL, url);
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_get);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 10L);
+    en_sse rd = {.sse = 0}; /* the whole body, whatever the status */
+    struct curl_slist *hdr = en_http_json_headers(b->api_key);
+    en_http_prepare(curl, url, hdr, NULL, &rd, NULL);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT, 30L);
-    long status = 0;
     char *name = NULL;
-    if (curl_easy_perform(curl) == CURLE_OK &&
-        curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK && status == 200 &&
-        body.p) {
-        json_t *j = json_loads(body.p, 0, NULL);
+    CURLcode rc = curl_easy_perform(curl);
+    en_sse_finish(&rd, rc);
+    if (rc == CURLE_OK && rd.status == 200 && rd.body.p) {
+        json_t *j = json_loads(rd.body.p, 0, NULL);
         const char *id = json_string_value(
             json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
         if (id) {
@@ -443,7 +350,7 @@ static char *first_model(const bench *b, CURL *curl) {
         json_decref(j);
     }
     curl_slist_free_all(hdr);
-    en_free(body.p);
+    en_sse_deinit(&rd);
     return name;
 }
 

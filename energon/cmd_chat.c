@@ -24,16 +24,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../common/file.h"
 #include "../serve/engine.h"
 #include "../serve/server.h"
 #include "../tokenizer/chat.h"
 #include "cli.h"
+#include "http_client.h"
 
 #define CMD "chat"
-/* An SSE line or an error body longer than this is not a server we know:
- * give up instead of buffering without bound. */
-#define MAX_LINE ((size_t)16 << 20)
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -65,38 +62,6 @@ static void usage(FILE *f) {
             "\n"
             "Commands: /reset (forget the conversation, keep the system message),\n"
             "/system TEXT (new system message, then reset), /quit (or end of input).\n");
-}
-
-/* ---- a growable byte string, always NUL-terminated ---- */
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static int sbuf_add(sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = en_realloc(b->p, cap);
-        if (!p) return 0;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 1;
-}
-
-static void sbuf_clear(sbuf *b) {
-    b->len = 0;
-    if (b->p) b->p[0] = 0;
-}
-
-static void sbuf_free(sbuf *b) {
-    en_free(b->p);
-    b->len = b->cap = 0;
 }
 
 static char *str_dup(const char *s) {
@@ -171,15 +136,10 @@ typedef struct chat_client {
 /* One exchange: the response as it arrives. */
 typedef struct chat_stream {
     chat_client *c;
-    int sse;       /* parse a 200 body as Server-Sent Events (else just keep it) */
-    long status;   /* HTTP status, read when the first body bytes arrive */
-    sbuf line;     /* an SSE line not yet ended by '\n' (callbacks split anywhere) */
-    sbuf body;     /* a body that is not an event stream (errors, GET answers) */
-    sbuf answer;   /* the content received so far */
-    size_t shown;  /* bytes of answer already written to stdout */
-    int done;      /* "data: [DONE]" seen */
-    int overflow;  /* a line or body went over MAX_LINE */
-    char err[512]; /* an error event in the stream, or a malformed one */
+    en_sse rd;      /* the reader: status, error body, [DONE], overflow */
+    en_sbuf answer; /* the content received so far */
+    size_t shown;   /* bytes of answer already written to stdout */
+    char err[512];  /* an error event in the stream, or a malformed one */
 } chat_stream;
 
 /* The length of the longest prefix of s[0..n) that does not end inside a
@@ -223,22 +183,14 @@ static void error_text(json_t *e, char *out, size_t cap) {
     }
 }
 
-/* One complete SSE line (without its '\n'). Only "data:" fields matter;
- * blank lines end events and ':' lines are comments. */
-static void stream_line(chat_stream *st, char *line, size_t n) {
-    if (n && line[n - 1] == '\r') line[--n] = 0;
-    if (strncmp(line, "data:", 5) != 0) return;
-    const char *d = line + 5;
-    if (*d == ' ') d++;
-    if (strcmp(d, "[DONE]") == 0) {
-        st->done = 1;
-        return;
-    }
+/* One event's data (en_sse_data_fn): a chat.completion.chunk or an error. */
+static int on_event(void *user, const char *d) {
+    chat_stream *st = user;
     json_error_t je;
     json_t *j = json_loads(d, 0, &je);
     if (!j) {
         if (!st->err[0]) snprintf(st->err, sizeof st->err, "malformed event: %s", je.text);
-        return;
+        return 1;
     }
     json_t *e = json_object_get(j, "error");
     if (e) {
@@ -247,90 +199,48 @@ static void stream_line(chat_stream *st, char *line, size_t n) {
         json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
         json_t *content = json_object_get(json_object_get(choice, "delta"), "content");
         if (json_is_string(content) && json_string_length(content)) {
-            if (!sbuf_add(&st->answer, json_string_value(content), json_string_length(content)))
-                st->overflow = 1;
+            /* Out of memory: noted, but the transfer goes on (the answer
+             * keeps streaming to stdout); the request then fails. */
+            if (!en_sbuf_add(&st->answer, json_string_value(content),
+                             json_string_length(content)))
+                st->rd.overflow = 1;
             stream_show(st, 0);
         }
     }
     json_decref(j);
+    return 1;
 }
 
-static size_t on_body(char *p, size_t size, size_t nmemb, void *user) {
-    chat_stream *st = user;
-    size_t n = size * nmemb;
-    if (!st->status) curl_easy_getinfo(st->c->curl, CURLINFO_RESPONSE_CODE, &st->status);
-    if (!st->sse || st->status != 200) {
-        if (st->body.len + n > MAX_LINE || !sbuf_add(&st->body, p, n)) {
-            st->overflow = 1;
-            return 0; /* abort the transfer */
-        }
-        return n;
-    }
-    /* Split into lines; a line cut by the callback boundary waits in
-     * st->line for the rest. */
-    size_t i = 0;
-    while (i < n) {
-        const char *nl = memchr(p + i, '\n', n - i);
-        size_t k = nl ? (size_t)(nl - (p + i)) : n - i;
-        if (st->line.len + k > MAX_LINE || !sbuf_add(&st->line, p + i, k)) {
-            st->overflow = 1;
-            return 0;
-        }
-        i += k;
-        if (!nl) break;
-        i++; /* the '\n' */
-        stream_line(st, st->line.p, st->line.len);
-        sbuf_clear(&st->line);
-    }
-    return n;
+/* sse: read a 200 body as events (else just keep it in st->rd.body). */
+static void stream_init(chat_stream *st, chat_client *c, int sse) {
+    memset(st, 0, sizeof *st);
+    st->c = c;
+    st->rd.sse = sse;
+    st->rd.on_data = on_event;
+    st->rd.user = st;
 }
 
 static void stream_free(chat_stream *st) {
-    sbuf_free(&st->line);
-    sbuf_free(&st->body);
-    sbuf_free(&st->answer);
+    en_sse_deinit(&st->rd);
+    en_sbuf_deinit(&st->answer);
 }
 
 /* Run one request: GET when post is NULL, else POST of the JSON text.
- * Returns 0 when the transfer itself worked (st->status says how the
+ * Returns 0 when the transfer itself worked (st->rd.status says how the
  * server answered), else prints why and returns 1. */
 static int http_run(chat_client *c, const char *path, const char *post, chat_stream *st) {
     char url[1200];
     snprintf(url, sizeof url, "%s%s", c->base, path);
-    struct curl_slist *hdr = NULL;
-    char auth[1100];
-    hdr = curl_slist_append(hdr, "Content-Type: application/json");
-    if (c->api_key && *c->api_key) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->api_key);
-        hdr = curl_slist_append(hdr, auth);
-    }
-    /* Keeps the open connection (the reason c->curl is reused). */
-    curl_easy_reset(c->curl);
-    c->curl_err[0] = 0;
-    curl_easy_setopt(c->curl, CURLOPT_URL, url);
-    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, st);
-    curl_easy_setopt(c->curl, CURLOPT_ERRORBUFFER, c->curl_err);
-    curl_easy_setopt(c->curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c->curl, CURLOPT_CONNECTTIMEOUT, 10L);
-    if (post) {
-        curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, post);
-        curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(post));
-    }
+    struct curl_slist *hdr = en_http_json_headers(c->api_key);
+    en_http_prepare(c->curl, url, hdr, post, &st->rd, c->curl_err);
     CURLcode rc = curl_easy_perform(c->curl);
     curl_slist_free_all(hdr);
-    if (!st->status) curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &st->status);
-    if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && st->overflow)) {
-        if (st->overflow) {
+    en_sse_finish(&st->rd, rc);
+    if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && st->rd.overflow)) {
+        if (st->rd.overflow) {
             en_cli_error(CMD, "%s: the response has a line over %zu MiB; giving up", url,
-                         MAX_LINE >> 20);
+                         EN_HTTP_MAX_LINE >> 20);
             return 1;
-        }
-        /* a last line without '\n' (the stream ended without its blank line) */
-        if (st->sse && st->status == 200 && st->line.len) {
-            stream_line(st, st->line.p, st->line.len);
-            sbuf_clear(&st->line);
         }
         return 0;
     }
@@ -346,18 +256,19 @@ static int http_run(chat_client *c, const char *path, const char *post, chat_str
 /* Print a non-200 answer: the status and error.message of its JSON body. */
 static void print_http_error(chat_stream *st, const char *path) {
     char msg[600] = "";
-    json_t *j = st->body.len ? json_loads(st->body.p, 0, NULL) : NULL;
+    const en_sbuf *body = &st->rd.body;
+    json_t *j = body->len ? json_loads(body->p, 0, NULL) : NULL;
     json_t *e = json_object_get(j, "error");
     if (e)
         error_text(e, msg, sizeof msg);
-    else if (st->body.len)
-        snprintf(msg, sizeof msg, "%.300s", st->body.p);
+    else if (body->len)
+        snprintf(msg, sizeof msg, "%.300s", body->p);
     else
         snprintf(msg, sizeof msg, "(empty body)");
     json_decref(j);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
-    en_cli_error(CMD, "server error (HTTP %ld on %s): %s", st->status, path, msg);
+    en_cli_error(CMD, "server error (HTTP %ld on %s): %s", st->rd.status, path, msg);
     if (strstr(msg, "context_length_exceeded") || strstr(msg, "maximum context"))
         fprintf(stderr, "  the conversation no longer fits the model's context: /reset starts "
                         "a new one\n");
@@ -367,18 +278,19 @@ static void print_http_error(chat_stream *st, const char *path) {
  * before the first question, and picks the model name when none was given.
  * A server without that endpoint (404) is fine. Returns 0 or 1. */
 static int check_server(chat_client *c) {
-    chat_stream st = {.c = c};
+    chat_stream st;
+    stream_init(&st, c, 0);
     int rc = 1;
     if (http_run(c, "/v1/models", NULL, &st)) goto done;
-    if (st.status == 404) {
+    if (st.rd.status == 404) {
         rc = 0;
         goto done;
     }
-    if (st.status != 200) {
+    if (st.rd.status != 200) {
         print_http_error(&st, "/v1/models");
         goto done;
     }
-    json_t *j = json_loads(st.body.p ? st.body.p : "", 0, NULL);
+    json_t *j = json_loads(st.rd.body.p ? st.rd.body.p : "", 0, NULL);
     const char *id =
         json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
     if (id && !c->model) c->model = str_dup(id);
@@ -418,7 +330,8 @@ static int chat_ask(chat_client *c, const chat_history *h, char **answer) {
         en_cli_error(CMD, "out of memory");
         return 1;
     }
-    chat_stream st = {.c = c, .sse = 1};
+    chat_stream st;
+    stream_init(&st, c, 1);
     int rc = http_run(c, "/v1/chat/completions", body, &st);
     free(body);
     stream_show(&st, 1);
@@ -426,11 +339,11 @@ static int chat_ask(chat_client *c, const chat_history *h, char **answer) {
     fflush(stdout);
     if (rc) goto done;
     rc = 1;
-    if (st.status != 200)
+    if (st.rd.status != 200)
         print_http_error(&st, "/v1/chat/completions");
     else if (st.err[0])
         en_cli_error(CMD, "server error during the answer: %s", st.err);
-    else if (!st.done)
+    else if (!st.rd.done)
         en_cli_error(CMD, "the answer stopped before its end (the connection to %s closed)",
                      c->base);
     else
@@ -536,31 +449,6 @@ typedef struct local_server {
     en_server *server;
 } local_server;
 
-/* The chat template DIR/tokenizer_config.json's "chat_template" looks like
- * (a string, or a list of {name, template}); plain when none matches. */
-static en_chat_template_id template_from_dir(const char *dir) {
-    en_chat_template_id id = EN_CHAT_PLAIN;
-    char *path = en_path_join(dir, "tokenizer_config.json");
-    json_t *j = path && en_path_exists(path) ? json_load_file(path, 0, NULL) : NULL;
-    json_t *t = json_object_get(j, "chat_template");
-    const char *s = json_string_value(t);
-    if (!s && json_is_array(t))
-        s = json_string_value(json_object_get(json_array_get(t, 0), "template"));
-    if (!en_chat_template_guess(s, &id)) id = EN_CHAT_PLAIN;
-    json_decref(j);
-    en_free(path);
-    return id;
-}
-
-/* The last path component of dir ("models/hr-bot/" -> "hr-bot"). */
-static void dir_name(const char *dir, char *out, size_t cap) {
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--;
-    size_t b = n;
-    while (b > 0 && dir[b - 1] != '/') b--;
-    snprintf(out, cap, "%.*s", (int)(n - b), dir + b);
-}
-
 static int local_start(const en_cli_load_opts *lo, en_chat_template_id tmpl, local_server *ls,
                        chat_client *c) {
     memset(ls, 0, sizeof *ls);
@@ -574,7 +462,7 @@ static int local_start(const en_cli_load_opts *lo, en_chat_template_id tmpl, loc
         goto fail;
     }
     char name[256];
-    dir_name(lo->dir, name, sizeof name);
+    en_cli_dir_basename(lo->dir, name, sizeof name);
     en_server_config sc = en_server_config_default();
     sc.host = "127.0.0.1";
     sc.port = 0;
@@ -679,7 +567,7 @@ int en_cmd_chat(int argc, char **argv) {
             return EN_EXIT_USAGE;
         }
     } else if (!url) {
-        tmpl = template_from_dir(lo.dir);
+        tmpl = en_cli_chat_template_for(lo.dir);
     }
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {

@@ -10,7 +10,6 @@
  * stop accepting, let running requests finish within --grace seconds,
  * cancel the rest, exit 0.
  */
-#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,42 +77,6 @@ static char *read_key_file(const char *path) {
     memmove(data, s, n);
     data[n] = 0;
     return data;
-}
-
-/* The template named by DIR/tokenizer_config.json's "chat_template" (a
- * string, or a list of {name, template} where "default" wins). 0 when
- * there is none or it is not one we know. */
-static int guess_template(const char *dir, en_chat_template_id *out) {
-    char *path = en_path_join(dir, "tokenizer_config.json");
-    if (!path) return 0;
-    json_t *j = en_path_exists(path) ? json_load_file(path, 0, NULL) : NULL;
-    en_free(path);
-    if (!j) return 0;
-    const json_t *t = json_object_get(j, "chat_template");
-    const char *s = json_string_value(t);
-    if (json_is_array(t)) {
-        for (size_t i = 0; i < json_array_size(t); i++) {
-            const json_t *it = json_array_get(t, i);
-            const char *name = json_string_value(json_object_get(it, "name"));
-            if (!s || (name && strcmp(name, "default") == 0))
-                s = json_string_value(json_object_get(it, "template"));
-        }
-    }
-    int ok = en_chat_template_guess(s, out);
-    json_decref(j);
-    return ok;
-}
-
-/* The last path component of DIR, without trailing slashes. */
-static void base_name(const char *dir, char *out, size_t cap) {
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--;
-    size_t b = n;
-    while (b > 0 && dir[b - 1] != '/') b--;
-    size_t len = n - b < cap - 1 ? n - b : cap - 1;
-    memcpy(out, dir + b, len);
-    out[len] = 0;
-    if (!out[0]) snprintf(out, cap, "energon");
 }
 
 int en_cmd_serve(int argc, char **argv) {
@@ -195,11 +158,11 @@ int en_cmd_serve(int argc, char **argv) {
             en_cli_error(CMD, "--chat-template: %s", err.msg);
             return EN_EXIT_USAGE;
         }
-    } else if (!guess_template(lo.dir, &tmpl)) {
-        tmpl = EN_CHAT_PLAIN;
+    } else {
+        tmpl = en_cli_chat_template_for(lo.dir);
     }
     char name_buf[256];
-    base_name(lo.dir, name_buf, sizeof name_buf);
+    en_cli_dir_basename(lo.dir, name_buf, sizeof name_buf);
     char *key_buf = NULL;
     if (api_key_file && !(key_buf = read_key_file(api_key_file))) return EN_EXIT_USAGE;
     sc.api_key = key_buf ? key_buf : api_key;
