@@ -88,7 +88,10 @@ echo "test_serve: model $NAME (context $CTX)$([ "$ASAN" = 1 ] && echo ', Address
 
 # ---- the main server. One thread: the model is tiny, and on two cores shared
 # with other tests OpenMP's waiting threads make every step many times slower.
-"$ENERGON" serve --model "$T/model" --port 0 --model-name "$NAME" --threads 1 >"$T/server-main.log" 2>&1 &
+# --grace: sigterm.py checks that every running request completes, which
+# under ASan with the random model takes longer than the default 30 s
+"$ENERGON" serve --model "$T/model" --port 0 --model-name "$NAME" --threads 1 --grace 600 \
+    >"$T/server-main.log" 2>&1 &
 SPID=$!
 URL=
 deadline=$((SECONDS + (ASAN ? 300 : 60)))
