@@ -91,11 +91,12 @@ static void cpu_blas_threads(const cpu_ctx *c) {
 
 /* ---- ops ---- */
 
-/* Dot product of two float rows. 32 independent partial sums let the
+/* Dot product of two float rows. 16 independent partial sums let the
  * compiler keep several vector accumulators in flight; target_clones builds
  * AVX2+FMA and AVX-512 versions next to the baseline and picks one at load
- * time, so the binary still runs on any x86-64. The order of operations is
- * fixed, so the result does not depend on the thread count. */
+ * time, so the binary still runs on any x86-64. Every step is an fmaf (one
+ * rounding; the baseline's is slower, not different), in a fixed order, so
+ * the result does not depend on the clone or the thread count. */
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #endif
@@ -103,11 +104,11 @@ static float dot_f32(const float *a, const float *b, int K) {
     float acc[16] = {0};
     int k = 0;
     for (; k + 16 <= K; k += 16)
-        for (int j = 0; j < 16; j++) acc[j] += a[k + j] * b[k + j];
+        for (int j = 0; j < 16; j++) acc[j] = fmaf(a[k + j], b[k + j], acc[j]);
     for (int j = 8; j > 0; j /= 2) /* pairwise: fixed order */
         for (int i = 0; i < j; i++) acc[i] += acc[i + j];
     float s = acc[0];
-    for (; k < K; k++) s += a[k] * b[k];
+    for (; k < K; k++) s = fmaf(a[k], b[k], s);
     return s;
 }
 
@@ -125,10 +126,10 @@ static void dot4_f32(const float *x, const float *w0, const float *w1, const flo
     for (; k + 16 <= K; k += 16)
         for (int j = 0; j < 16; j++) {
             float xv = x[k + j];
-            a0[j] += xv * w0[k + j];
-            a1[j] += xv * w1[k + j];
-            a2[j] += xv * w2[k + j];
-            a3[j] += xv * w3[k + j];
+            a0[j] = fmaf(xv, w0[k + j], a0[j]);
+            a1[j] = fmaf(xv, w1[k + j], a1[j]);
+            a2[j] = fmaf(xv, w2[k + j], a2[j]);
+            a3[j] = fmaf(xv, w3[k + j], a3[j]);
         }
     for (int j = 8; j > 0; j /= 2)
         for (int i = 0; i < j; i++) {
@@ -139,10 +140,10 @@ static void dot4_f32(const float *x, const float *w0, const float *w1, const flo
         }
     float s0 = a0[0], s1 = a1[0], s2 = a2[0], s3 = a3[0];
     for (; k < K; k++) {
-        s0 += x[k] * w0[k];
-        s1 += x[k] * w1[k];
-        s2 += x[k] * w2[k];
-        s3 += x[k] * w3[k];
+        s0 = fmaf(x[k], w0[k], s0);
+        s1 = fmaf(x[k], w1[k], s1);
+        s2 = fmaf(x[k], w2[k], s2);
+        s3 = fmaf(x[k], w3[k], s3);
     }
     out[0] = s0;
     out[1] = s1;
