@@ -1,7 +1,7 @@
 /*
  * kernels.cuh - launchers shared between the CUDA backend's files
  * (backend_cuda.cu calls them; each .cu defines its own). Host functions,
- * C++ linkage, included only from common/cuda/*.cu.
+ * C++ linkage, included only from the .cu files of common/cuda.
  *
  * All pointers are device memory; `s` is the backend's stream. Every launcher
  * enqueues its work on `s` and checks the launch (en_abort naming the op on
