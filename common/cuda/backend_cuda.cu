@@ -1,24 +1,455 @@
 /*
- * backend_cuda.cu - the CUDA backend's entry point. For now it only reports
- * why it cannot run: no visible GPU, or (with a GPU) that the ops are not
- * written yet. TODO(#6): fill an en_backend_ops table (backend_impl.h) with
- * cudaMalloc'd buffers, a stream and cuBLASLt handles owned by the backend,
- * and one .cu/.cuh pair per op, each tested against backend_cpu.c.
- * Compiled instead of backend_cuda_none.c when ENERGON_CUDA=ON.
+ * backend_cuda.cu - the CUDA backend: en_backend_cuda_create and the op
+ * table of backend_impl.h, in float32. Each op sets the backend's device
+ * current (when another is), moves host-side index arrays to the device
+ * (below) and calls a launcher of matmul.cu, norm.cu, rope.cu,
+ * elementwise.cu, embedding.cu, cross_entropy.cu, reduce.cu or attention.cu
+ * on the backend's one stream. Ops are asynchronous; download, sumsq and
+ * sync wait for the stream. Compiled instead of backend_cuda_none.c when
+ * ENERGON_CUDA=ON; tests/test_backend_ops.c runs it against backend_cpu.c.
+ *
+ * Owned here: the stream, the cuBLASLt state (matmul.cu), device scratch
+ * (rmsnorm_bwd's row scales, sumsq's partial sums) and the index staging
+ * slots. No GPU memory is allocated inside ops except when an index array or
+ * the rmsnorm scratch outgrows what it had (rare: sizes settle after the
+ * first step).
+ *
+ * Index arrays (pos, kv_rows, ids, targets, rows) arrive as HOST pointers
+ * today: layer code keeps positions and token ids in host memory, and
+ * backend.c reads them there for its checks. Each op copies them to device
+ * memory before its launch, through a ring of pinned staging slots (memcpy
+ * into the slot, cudaMemcpyAsync on the stream, an event marking when the
+ * slot may be written again), so the host runs ahead of the GPU by up to
+ * IDX_SLOTS indexed ops. TODO(#6): move them to device buffers owned by the
+ * layers and drop the staging. Other float tensors (cross_entropy_bwd's
+ * scale included) are device buffers from en_backend_alloc, as backend.h
+ * says.
+ *
+ * Errors: create returns a status; an op that fails aborts through
+ * en_abort, naming the op and the CUDA error (cuda_util.cuh), since ops
+ * have no error return.
+ *
+ * Batch invariance: cuBLASLt is not batch-invariant (its kernel, tiling
+ * and split-K depend on M), so when be->batch_invariant is set matmul runs
+ * an own fixed-order kernel instead (matmul.cu). The other forward ops
+ * compute each row alone, in the same way whatever T, so they are
+ * batch-invariant as they are.
  */
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "common/backend.h"
+#include "common/backend_impl.h"
 }
 
+#include "cross_entropy.cuh"
+#include "cuda_util.cuh"
+#include "elementwise.cuh"
+#include "embedding.cuh"
+#include "kernels.cuh"
+#include "matmul.cuh"
+#include "norm.cuh"
+#include "reduce.cuh"
+#include "rope.cuh"
+
+/* Staging slots for host index arrays; each starts with IDX_INIT ints and
+ * doubles when an op needs more. */
+#define IDX_SLOTS 16
+#define IDX_INIT 4096
+
+typedef struct idx_slot {
+    int32_t *host;    /* (cap) pinned */
+    int32_t *dev;     /* (cap) device */
+    size_t cap;       /* ints */
+    cudaEvent_t done; /* recorded after the last copy out of host */
+    int pending;      /* done was recorded and not yet waited for */
+} idx_slot;
+
+typedef struct cuda_ctx {
+    int dev;
+    cudaStream_t stream;
+    en_cuda_gemm *gemm;
+    idx_slot idx[IDX_SLOTS];
+    int idx_next;
+    float *rows;       /* (rows_cap) device: rmsnorm_bwd's per-row 1/rms */
+    size_t rows_cap;   /* floats */
+    double *red;       /* (EN_CUDA_SUMSQ_BLOCKS + 1) device: sumsq */
+    double *red_host;  /* (1) pinned: sumsq's result */
+} cuda_ctx;
+
+/* Makes the backend's device current for this thread (a process may drive
+ * several GPUs) and returns the state. */
+static cuda_ctx *enter(en_backend *be, const char *op) {
+    cuda_ctx *c = (cuda_ctx *)be->ctx;
+    int cur = -1;
+    EN_CUDA_CHECK(op, cudaGetDevice(&cur));
+    if (cur != c->dev) EN_CUDA_CHECK(op, cudaSetDevice(c->dev));
+    return c;
+}
+
+/* Copies host index arrays a (na ints) and b (nb ints, b may be NULL) to
+ * device memory, ordered on the stream before what the caller launches
+ * next; *da and *db receive their device copies. */
+static void stage_idx(cuda_ctx *c, const char *op, const int32_t *a, size_t na,
+                      const int32_t **da, const int32_t *b, size_t nb, const int32_t **db) {
+    idx_slot *sl = &c->idx[c->idx_next];
+    c->idx_next = (c->idx_next + 1) % IDX_SLOTS;
+    /* The slot's previous copy must have left the pinned buffer. */
+    if (sl->pending) EN_CUDA_CHECK(op, cudaEventSynchronize(sl->done));
+    sl->pending = 0;
+    const size_t need = na + nb;
+    if (need > sl->cap) {
+        /* Kernels queued earlier may still read the old device buffer. */
+        EN_CUDA_CHECK(op, cudaStreamSynchronize(c->stream));
+        EN_CUDA_CHECK(op, cudaFreeHost(sl->host));
+        EN_CUDA_CHECK(op, cudaFree(sl->dev));
+        sl->host = NULL;
+        sl->dev = NULL;
+        size_t cap = sl->cap * 2;
+        if (cap < need) cap = need;
+        EN_CUDA_CHECK(op, cudaMallocHost((void **)&sl->host, cap * sizeof(int32_t)));
+        EN_CUDA_CHECK(op, cudaMalloc((void **)&sl->dev, cap * sizeof(int32_t)));
+        sl->cap = cap;
+    }
+    memcpy(sl->host, a, na * sizeof(int32_t));
+    if (nb) memcpy(sl->host + na, b, nb * sizeof(int32_t));
+    EN_CUDA_CHECK(op, cudaMemcpyAsync(sl->dev, sl->host, need * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, c->stream));
+    EN_CUDA_CHECK(op, cudaEventRecord(sl->done, c->stream));
+    sl->pending = 1;
+    *da = sl->dev;
+    if (db) *db = nb ? sl->dev + na : NULL;
+}
+
+/* ---- buffers ---- */
+
+static void *cuda_alloc(en_backend *be, size_t bytes) {
+    cuda_ctx *c = enter(be, "alloc");
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        /* Out of memory is reported by NULL; clear the error so that the
+         * next op's launch check does not see it. */
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    EN_CUDA_CHECK("alloc", cudaMemsetAsync(p, 0, bytes, c->stream));
+    /* Zeroed for every stream, not only this backend's (NCCL's, say). */
+    EN_CUDA_CHECK("alloc", cudaStreamSynchronize(c->stream));
+    return p;
+}
+
+static void cuda_free(en_backend *be, void *buf) {
+    cuda_ctx *c = enter(be, "free");
+    /* Queued kernels may still use the buffer. */
+    EN_CUDA_CHECK("free", cudaStreamSynchronize(c->stream));
+    EN_CUDA_CHECK("free", cudaFree(buf));
+}
+
+/* cudaMemcpyDefault: the direction follows from the pointers (unified
+ * addressing), so device-to-device copies work as well. Both wait, so the
+ * host buffer may be reused or read at once. */
+static void cuda_upload(en_backend *be, void *dst, const void *host_src, size_t bytes) {
+    cuda_ctx *c = enter(be, "upload");
+    EN_CUDA_CHECK("upload",
+                  cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, c->stream));
+    EN_CUDA_CHECK("upload", cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_download(en_backend *be, void *host_dst, const void *src, size_t bytes) {
+    cuda_ctx *c = enter(be, "download");
+    EN_CUDA_CHECK("download",
+                  cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, c->stream));
+    EN_CUDA_CHECK("download", cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_sync(en_backend *be) {
+    cuda_ctx *c = enter(be, "sync");
+    EN_CUDA_CHECK("sync", cudaStreamSynchronize(c->stream));
+}
+
+/* ---- forward ops ---- */
+
+static void cuda_matmul(en_backend *be, float *y, const float *x, const float *w,
+                        const float *bias, int M, int N, int K) {
+    cuda_ctx *c = enter(be, "matmul");
+    en_cuda_matmul(c->gemm, c->stream, y, x, w, bias, M, N, K, be->batch_invariant);
+}
+
+static void cuda_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps,
+                         int T, int C) {
+    cuda_ctx *c = enter(be, "rmsnorm");
+    en_cuda_rmsnorm_fwd(c->stream, y, x, w, eps, T, C);
+}
+
+static void cuda_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                      size_t row_stride, float theta) {
+    cuda_ctx *c = enter(be, "rope");
+    const int32_t *dpos = NULL;
+    stage_idx(c, "rope", pos, (size_t)T, &dpos, NULL, 0, NULL);
+    en_cuda_rope(c->stream, x, dpos, T, H, D, row_stride, theta, 0);
+}
+
+static void cuda_embedding(en_backend *be, float *y, const float *table, const int32_t *ids,
+                           int T, int C) {
+    cuda_ctx *c = enter(be, "embedding");
+    const int32_t *dids = NULL;
+    stage_idx(c, "embedding", ids, (size_t)T, &dids, NULL, 0, NULL);
+    en_cuda_embedding_fwd(c->stream, y, table, dids, T, C);
+}
+
+static void cuda_swiglu(en_backend *be, float *y, const float *gate, const float *up, size_t n) {
+    cuda_ctx *c = enter(be, "swiglu");
+    en_cuda_swiglu_fwd(c->stream, y, gate, up, n);
+}
+
+static void cuda_add(en_backend *be, float *y, const float *a, const float *b, size_t n) {
+    cuda_ctx *c = enter(be, "add");
+    en_cuda_add(c->stream, y, a, b, n);
+}
+
+static void cuda_attention(en_backend *be, float *out, const float *q, size_t q_stride,
+                           const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                           int T, int S, int H, int Hkv, int D, int window) {
+    cuda_ctx *c = enter(be, "attention");
+    const int32_t *dpos = NULL;
+    stage_idx(c, "attention", pos, (size_t)T, &dpos, NULL, 0, NULL);
+    en_cuda_attention(c->stream, out, q, q_stride, k, v, kv_stride, NULL, dpos, T, S, H, Hkv, D,
+                      window);
+}
+
+static void cuda_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
+                                const float *k, const float *v, size_t kv_stride,
+                                const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
+                                int Hkv, int D, int window) {
+    cuda_ctx *c = enter(be, "attention_rows");
+    const int32_t *dpos = NULL, *drows = NULL;
+    stage_idx(c, "attention_rows", pos, (size_t)T, &dpos, kv_rows, (size_t)S, &drows);
+    en_cuda_attention(c->stream, out, q, q_stride, k, v, kv_stride, drows, dpos, T, S, H, Hkv, D,
+                      window);
+}
+
+static void cuda_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
+                              const float *src, size_t src_stride, int T, int width) {
+    cuda_ctx *c = enter(be, "rows_scatter");
+    const int32_t *drows = NULL;
+    stage_idx(c, "rows_scatter", rows, (size_t)T, &drows, NULL, 0, NULL);
+    en_cuda_rows_scatter(c->stream, dst, dst_stride, drows, src, src_stride, T, width);
+}
+
+static void cuda_cross_entropy(en_backend *be, float *nll, const float *logits,
+                               const int32_t *target, int T, int V) {
+    cuda_ctx *c = enter(be, "cross_entropy");
+    const int32_t *dtg = NULL;
+    stage_idx(c, "cross_entropy", target, (size_t)T, &dtg, NULL, 0, NULL);
+    en_cuda_cross_entropy_fwd(c->stream, nll, logits, dtg, T, V);
+}
+
+static void cuda_attention_store(en_backend *be, float *out, float *probs, const float *q,
+                                 size_t q_stride, const float *k, const float *v,
+                                 size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                 int Hkv, int D, int window) {
+    cuda_ctx *c = enter(be, "attention_store");
+    const int32_t *dpos = NULL;
+    stage_idx(c, "attention_store", pos, (size_t)T, &dpos, NULL, 0, NULL);
+    en_cuda_attention_store(c->stream, out, probs, q, q_stride, k, v, kv_stride, dpos, T, S, H,
+                            Hkv, D, window);
+}
+
+/* ---- backward ops ---- */
+
+static void cuda_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                            const float *x, const float *w, int M, int N, int K) {
+    cuda_ctx *c = enter(be, "matmul_bwd");
+    en_cuda_matmul_bwd(c->gemm, c->stream, dx, dw, db, dy, x, w, M, N, K);
+}
+
+static void cuda_rmsnorm_bwd(en_backend *be, float *dx, float *dw, const float *dy,
+                             const float *x, const float *w, float eps, int T, int C) {
+    cuda_ctx *c = enter(be, "rmsnorm_bwd");
+    if ((size_t)T > c->rows_cap) {
+        /* Queued kernels may still read the old scratch. */
+        EN_CUDA_CHECK("rmsnorm_bwd", cudaStreamSynchronize(c->stream));
+        EN_CUDA_CHECK("rmsnorm_bwd", cudaFree(c->rows));
+        c->rows = NULL;
+        c->rows_cap = 0;
+        EN_CUDA_CHECK("rmsnorm_bwd", cudaMalloc((void **)&c->rows, (size_t)T * sizeof(float)));
+        c->rows_cap = (size_t)T;
+    }
+    en_cuda_rmsnorm_bwd(c->stream, dx, dw, dy, x, w, eps, T, C, c->rows);
+}
+
+static void cuda_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                          size_t row_stride, float theta) {
+    cuda_ctx *c = enter(be, "rope_bwd");
+    const int32_t *dpos = NULL;
+    stage_idx(c, "rope_bwd", pos, (size_t)T, &dpos, NULL, 0, NULL);
+    en_cuda_rope(c->stream, dx, dpos, T, H, D, row_stride, theta, 1);
+}
+
+static void cuda_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
+                            const float *gate, const float *up, size_t n) {
+    cuda_ctx *c = enter(be, "swiglu_bwd");
+    en_cuda_swiglu_bwd(c->stream, dgate, dup, dy, gate, up, n);
+}
+
+static void cuda_embedding_bwd(en_backend *be, float *dtable, const float *dy, const int32_t *ids,
+                               int T, int C) {
+    cuda_ctx *c = enter(be, "embedding_bwd");
+    const int32_t *dids = NULL;
+    stage_idx(c, "embedding_bwd", ids, (size_t)T, &dids, NULL, 0, NULL);
+    en_cuda_embedding_bwd(c->stream, dtable, dy, dids, T, C);
+}
+
+static void cuda_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, size_t q_stride, const float *k, const float *v,
+                               size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
+                               int D, int window) {
+    cuda_ctx *c = enter(be, "attention_bwd");
+    const int32_t *dpos = NULL;
+    stage_idx(c, "attention_bwd", pos, (size_t)T, &dpos, NULL, 0, NULL);
+    en_cuda_attention_bwd(c->stream, dq, dk, dv, dout, q, q_stride, k, v, kv_stride, dpos, T, S,
+                          H, Hkv, D, window);
+}
+
+static void cuda_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
+                                      const float *dout, const float *probs, const float *q,
+                                      size_t q_stride, const float *k, const float *v,
+                                      size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                      int Hkv, int D, int window) {
+    cuda_ctx *c = enter(be, "attention_bwd_stored");
+    const int32_t *dpos = NULL;
+    stage_idx(c, "attention_bwd_stored", pos, (size_t)T, &dpos, NULL, 0, NULL);
+    en_cuda_attention_bwd_stored(c->stream, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride,
+                                 dpos, T, S, H, Hkv, D, window);
+}
+
+static void cuda_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
+                                   const int32_t *target, const float *scale, int T, int V) {
+    cuda_ctx *c = enter(be, "cross_entropy_bwd");
+    const int32_t *dtg = NULL;
+    stage_idx(c, "cross_entropy_bwd", target, (size_t)T, &dtg, NULL, 0, NULL);
+    en_cuda_cross_entropy_bwd(c->stream, dlogits, logits, dtg, scale, T, V);
+}
+
+/* ---- optimizer and reductions ---- */
+
+static double cuda_sumsq(en_backend *be, const float *x, size_t n) {
+    cuda_ctx *c = enter(be, "sumsq");
+    double *out = c->red + EN_CUDA_SUMSQ_BLOCKS;
+    en_cuda_sumsq(c->stream, out, c->red, x, n);
+    EN_CUDA_CHECK("sumsq", cudaMemcpyAsync(c->red_host, out, sizeof(double),
+                                           cudaMemcpyDeviceToHost, c->stream));
+    EN_CUDA_CHECK("sumsq", cudaStreamSynchronize(c->stream));
+    return *c->red_host;
+}
+
+static void cuda_scale(en_backend *be, float *x, float s, size_t n) {
+    cuda_ctx *c = enter(be, "scale");
+    en_cuda_scale(c->stream, x, s, n);
+}
+
+static void cuda_adamw(en_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                       float lr, float b1, float b2, float eps, float wd, int t) {
+    cuda_ctx *c = enter(be, "adamw");
+    en_cuda_adamw(c->stream, p, g, m, v, n, lr, b1, b2, eps, wd, t);
+}
+
+/* ---- object ---- */
+
+/* Frees what create got so far; errors are ignored (a broken context
+ * should not stop the process from tearing down). */
+static void ctx_release(cuda_ctx *c) {
+    if (!c) return;
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != c->dev) (void)cudaSetDevice(c->dev);
+    if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    en_cuda_gemm_destroy(c->gemm);
+    for (int i = 0; i < IDX_SLOTS; i++) {
+        idx_slot *sl = &c->idx[i];
+        if (sl->done) (void)cudaEventDestroy(sl->done);
+        if (sl->host) (void)cudaFreeHost(sl->host);
+        if (sl->dev) (void)cudaFree(sl->dev);
+    }
+    if (c->rows) (void)cudaFree(c->rows);
+    if (c->red) (void)cudaFree(c->red);
+    if (c->red_host) (void)cudaFreeHost(c->red_host);
+    if (c->stream) (void)cudaStreamDestroy(c->stream);
+    (void)cudaGetLastError();
+    en_free(c);
+}
+
+static void cuda_destroy(en_backend *be) {
+    ctx_release((cuda_ctx *)be->ctx);
+    en_free(be);
+}
+
+static const en_backend_ops cuda_ops = {
+    /* .destroy = */ cuda_destroy,
+    /* .alloc = */ cuda_alloc,
+    /* .free = */ cuda_free,
+    /* .upload = */ cuda_upload,
+    /* .download = */ cuda_download,
+    /* .sync = */ cuda_sync,
+    /* .matmul = */ cuda_matmul,
+    /* .rmsnorm = */ cuda_rmsnorm,
+    /* .rope = */ cuda_rope,
+    /* .embedding = */ cuda_embedding,
+    /* .swiglu = */ cuda_swiglu,
+    /* .add = */ cuda_add,
+    /* .attention = */ cuda_attention,
+    /* .cross_entropy = */ cuda_cross_entropy,
+    /* .attention_rows = */ cuda_attention_rows,
+    /* .rows_scatter = */ cuda_rows_scatter,
+    /* .matmul_bwd = */ cuda_matmul_bwd,
+    /* .rmsnorm_bwd = */ cuda_rmsnorm_bwd,
+    /* .rope_bwd = */ cuda_rope_bwd,
+    /* .swiglu_bwd = */ cuda_swiglu_bwd,
+    /* .embedding_bwd = */ cuda_embedding_bwd,
+    /* .attention_bwd = */ cuda_attention_bwd,
+    /* .attention_store = */ cuda_attention_store,
+    /* .attention_bwd_stored = */ cuda_attention_bwd_stored,
+    /* .cross_entropy_bwd = */ cuda_cross_entropy_bwd,
+    /* .sumsq = */ cuda_sumsq,
+    /* .scale = */ cuda_scale,
+    /* .adamw = */ cuda_adamw,
+};
+
+/* A failed CUDA call during create: record it and go to the cleanup. */
+#define CREATE_TRY(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            (void)cudaGetLastError();                                                              \
+            st = EN_ERR(err, e_ == cudaErrorMemoryAllocation ? EN_ERR_NOMEM : EN_ERR_CUDA,         \
+                        "CUDA backend on device %d: %s: %s", dev, #call, cudaGetErrorString(e_)); \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* Errors: EN_ERR_UNSUPPORTED (no GPU visible, or one older than compute
+ * capability 8.0, for which this build has no code), EN_ERR_ARG (dev out
+ * of range, n_threads < 0), EN_ERR_CUDA / EN_ERR_NOMEM (setting up the
+ * device failed). cfg may be NULL; its n_threads is checked and otherwise
+ * unused (the backend runs on one host thread). ENERGON_CUDA_TF32=1 in the
+ * environment lets matmul use TF32 tensor cores (~1e-3 relative error);
+ * the default is exact fp32, so that the CPU comparisons hold at 1e-5.
+ * (STYLE.md section 6 keeps getenv in the front ends; this switch should
+ * move into en_backend_config when a front end grows the flag.) */
 extern "C" en_status en_backend_cuda_create(int dev, const en_backend_config *cfg,
                                             en_backend **out, en_err *err) {
-    (void)cfg;
-    if (out) *out = NULL;
+    if (!out) return EN_ERR(err, EN_ERR_ARG, "en_backend_cuda_create: out is NULL");
+    *out = NULL;
+    if (cfg && cfg->n_threads < 0)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "backend config: n_threads is %d, must be >= 0 (0 = default)",
+                      cfg->n_threads);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
         const char *why = e != cudaSuccess ? cudaGetErrorString(e) : "0 devices";
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "--device cuda: no CUDA GPU is visible (cudaGetDeviceCount: %s)", why);
@@ -26,6 +457,51 @@ extern "C" en_status en_backend_cuda_create(int dev, const en_backend_config *cf
     if (dev < 0 || dev >= n)
         return EN_ERR(err, EN_ERR_ARG, "--device cuda:%d: only %d CUDA GPU(s) visible (0..%d)",
                       dev, n, n - 1);
-    return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                  "the CUDA backend's ops are not implemented yet (issue #6)");
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        major < 8)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "--device cuda:%d: compute capability %d.%d; energon's CUDA code needs "
+                      "8.0 or newer (A100, H100, H200, ...)",
+                      dev, major, minor);
+    (void)cudaGetLastError();
+
+    en_status st = EN_OK;
+    en_backend *be = (en_backend *)en_calloc(1, sizeof *be);
+    cuda_ctx *c = (cuda_ctx *)en_calloc(1, sizeof *c);
+    const char *tf32 = getenv("ENERGON_CUDA_TF32");
+    if (!be || !c) {
+        en_free(be);
+        en_free(c);
+        return EN_ERR(err, EN_ERR_NOMEM, "creating the CUDA backend: out of host memory");
+    }
+    c->dev = dev;
+    CREATE_TRY(cudaSetDevice(dev));
+    /* A blocking stream: work that others put on the legacy default stream
+     * stays ordered with the backend's. */
+    CREATE_TRY(cudaStreamCreate(&c->stream));
+    st = en_cuda_gemm_create(tf32 && strcmp(tf32, "1") == 0, &c->gemm, err);
+    if (st != EN_OK) goto fail;
+    for (int i = 0; i < IDX_SLOTS; i++) {
+        idx_slot *sl = &c->idx[i];
+        CREATE_TRY(cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming));
+        CREATE_TRY(cudaMallocHost((void **)&sl->host, IDX_INIT * sizeof(int32_t)));
+        CREATE_TRY(cudaMalloc((void **)&sl->dev, IDX_INIT * sizeof(int32_t)));
+        sl->cap = IDX_INIT;
+    }
+    CREATE_TRY(cudaMalloc((void **)&c->red, (EN_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double)));
+    CREATE_TRY(cudaMallocHost((void **)&c->red_host, sizeof(double)));
+
+    be->ops = &cuda_ops;
+    be->name = "cuda";
+    be->n_threads = 1;
+    be->batch_invariant = 0;
+    be->ctx = c;
+    *out = be;
+    return EN_OK;
+fail:
+    ctx_release(c);
+    en_free(be);
+    return st;
 }

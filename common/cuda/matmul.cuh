@@ -1,0 +1,35 @@
+/*
+ * matmul.cuh - launchers of matmul.cu: y = x w^T + bias and its backward,
+ * on cuBLASLt (fp32, or TF32 when asked) or, in batch-invariant mode, on an
+ * own fixed-order kernel. All pointers are device memory, row-major.
+ */
+#ifndef EN_CUDA_MATMUL_CUH
+#define EN_CUDA_MATMUL_CUH
+
+#include <cuda_runtime.h>
+
+#include "common/status.h"
+
+/* cuBLASLt state: the handle, a workspace and a small cache of the
+ * algorithms chosen per shape. Owned by the backend; one per device. */
+typedef struct en_cuda_gemm en_cuda_gemm;
+
+/* Creates the handle and the workspace on the current device. tf32 != 0
+ * allows TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: ~1e-3 relative
+ * error instead of fp32's ~1e-6). Errors: EN_ERR_CUDA, EN_ERR_NOMEM. */
+en_status en_cuda_gemm_create(int tf32, en_cuda_gemm **out, en_err *err);
+void en_cuda_gemm_destroy(en_cuda_gemm *g); /* NULL is a no-op */
+
+/* y(M,N) = x(M,K) w(N,K)^T + bias(N) (bias may be NULL); M, N > 0, K >= 0.
+ * batch_invariant: every row through the same fixed-order dot products,
+ * whatever M (cuBLASLt picks kernels, tiles and split-K by shape, so its
+ * row results change with M). */
+void en_cuda_matmul(en_cuda_gemm *g, cudaStream_t s, float *y, const float *x, const float *w,
+                    const float *bias, int M, int N, int K, int batch_invariant);
+
+/* dx(M,K) += dy w, dw(N,K) += dy^T x, db(N) += column sums of dy (in
+ * double); NULL outputs are skipped. */
+void en_cuda_matmul_bwd(en_cuda_gemm *g, cudaStream_t s, float *dx, float *dw, float *db,
+                        const float *dy, const float *x, const float *w, int M, int N, int K);
+
+#endif /* EN_CUDA_MATMUL_CUH */

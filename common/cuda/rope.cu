@@ -1,0 +1,43 @@
+/*
+ * rope.cu - rotary position embedding, Hugging Face "rotate_half" layout:
+ * within each head, element i pairs with i + D/2 and turns by the angle
+ * pos[t] * theta^(-2i/D). As backend_cpu.c, the angle and its cos / sin are
+ * computed in double (pos * inv_freq in float loses ~1e-4 rad at
+ * pos ~4000) and rounded once to float; the backward turns by minus the
+ * angle (negating sin is exact). One thread per (token, pair index), which
+ * then walks the heads: the angle is computed once per token and pair.
+ */
+#include "cuda_util.cuh"
+#include "rope.cuh"
+
+__global__ void rope_kernel(float *__restrict__ x, const int32_t *__restrict__ pos, int T, int H,
+                            int D, size_t row_stride, double log_theta, int inverse) {
+    const int half = D / 2;
+    const size_t total = (size_t)T * (size_t)half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const int t = (int)(idx / (size_t)half), i = (int)(idx % (size_t)half);
+        /* the CPU's expression, operation for operation */
+        const double ang = (double)pos[t] * exp(-2.0 * i / D * log_theta);
+        double sd, cd;
+        sincos(ang, &sd, &cd);
+        const float cs = (float)cd;
+        const float sn = inverse ? -(float)sd : (float)sd;
+        float *xr = x + (size_t)t * row_stride; /* (H, D) */
+        for (int h = 0; h < H; h++) {
+            float *xh = xr + (size_t)h * D;
+            const float a = xh[i], b = xh[i + half];
+            /* (a, b) -> (a cos - b sin, b cos + a sin), unfused as on the CPU */
+            xh[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+            xh[i + half] = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+        }
+    }
+}
+
+void en_cuda_rope(cudaStream_t s, float *x, const int32_t *pos, int T, int H, int D,
+                  size_t row_stride, float theta, int inverse) {
+    const size_t total = (size_t)T * (size_t)(D / 2);
+    rope_kernel<<<en_cuda_blocks(total, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(
+        x, pos, T, H, D, row_stride, log((double)theta), inverse);
+    EN_CUDA_LAUNCH_CHECK(inverse ? "rope_bwd" : "rope");
+}
