@@ -1,7 +1,8 @@
 /*
- * kernels.cuh - launchers shared between the CUDA backend's files
- * (backend_cuda.cu calls them; each .cu defines its own). Host functions,
- * C++ linkage, included only from the .cu files of common/cuda.
+ * kernels.cuh - the attention launchers (defined in attention.cu, called by
+ * backend_cuda.cu's op table); the other kernel files declare theirs in
+ * their own .cuh (matmul.cuh, norm.cuh, ...). Host functions, C++
+ * linkage, included only from the .cu files of common/cuda.
  *
  * All pointers are device memory; `s` is the backend's stream. Every launcher
  * enqueues its work on `s` and checks the launch (en_abort naming the op on
