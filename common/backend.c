@@ -50,6 +50,16 @@ void en_backend_download(en_backend *be, void *host_dst, const void *src, size_t
 
 void en_backend_sync(en_backend *be) { be->ops->sync(be); }
 
+void en_backend_copy(en_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    be->ops->copy(be, dst, src, bytes);
+}
+
+void en_backend_zero(en_backend *be, void *dst, size_t bytes) {
+    if (bytes == 0) return;
+    be->ops->zero(be, dst, bytes);
+}
+
 /* ---- ops ---- */
 
 void en_op_matmul(en_backend *be, float *y, const float *x, const float *w, const float *bias,

@@ -51,6 +51,11 @@ void en_backend_free(en_backend *be, void *buf); /* NULL is a no-op */
 void en_backend_upload(en_backend *be, void *dst, const void *host_src, size_t bytes);
 void en_backend_download(en_backend *be, void *host_dst, const void *src, size_t bytes);
 void en_backend_sync(en_backend *be);
+/* Copy bytes between two buffers of this backend (they do not overlap),
+ * and zero a buffer: what memcpy / memset are for host memory, so that
+ * layer code works on device buffers too. */
+void en_backend_copy(en_backend *be, void *dst, const void *src, size_t bytes);
+void en_backend_zero(en_backend *be, void *dst, size_t bytes);
 
 /* ---- ops (forward) ---- */
 

@@ -71,6 +71,11 @@ static void cpu_copy(en_backend *be, void *dst, const void *src, size_t bytes) {
 
 static void cpu_sync(en_backend *be) { (void)be; }
 
+static void cpu_zero(en_backend *be, void *dst, size_t bytes) {
+    (void)be;
+    memset(dst, 0, bytes);
+}
+
 /* Returns `bytes` of scratch (aligned for any scalar type, contents
  * undefined), or NULL when they cannot be allocated. */
 static void *cpu_scratch(cpu_ctx *c, size_t bytes) {
@@ -982,6 +987,8 @@ static const en_backend_ops cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .sync = cpu_sync,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

@@ -31,6 +31,10 @@ typedef struct en_backend_ops {
     void (*upload)(en_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*download)(en_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*sync)(en_backend *be);
+    /* Device-to-device copy (same backend; regions do not overlap) and
+     * zero fill, in stream order. */
+    void (*copy)(en_backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(en_backend *be, void *dst, size_t bytes);
 
     /* Ops: one entry per en_op_* with the same arguments and shapes. */
     void (*matmul)(en_backend *be, float *y, const float *x, const float *w, const float *bias,

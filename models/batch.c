@@ -264,14 +264,15 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
     int nr = 0;
     for (int s = 0; s < n_seqs; s++)
         if (seqs[s].logits)
-            memcpy(b->xsel + (size_t)nr++ * C, b->x + (size_t)(b->tok_off[s + 1] - 1) * C,
-                   (size_t)C * sizeof(float));
+            en_backend_copy(be, b->xsel + (size_t)nr++ * C,
+                            b->x + (size_t)(b->tok_off[s + 1] - 1) * C, (size_t)C * sizeof(float));
     if (!nr) return EN_OK;
     en_op_rmsnorm(be, b->xsel, b->xsel, m->out_norm, hp->norm_eps, nr, C);
     en_op_matmul(be, b->lg, b->xsel, m->lm_head, NULL, nr, V, C);
     nr = 0;
-    for (int s = 0; s < n_seqs; s++)
+    for (int s = 0; s < n_seqs; s++) /* to the caller's host rows */
         if (seqs[s].logits)
-            memcpy(seqs[s].logits, b->lg + (size_t)nr++ * V, (size_t)V * sizeof(float));
+            en_backend_download(be, seqs[s].logits, b->lg + (size_t)nr++ * V,
+                                (size_t)V * sizeof(float));
     return EN_OK;
 }

@@ -84,7 +84,7 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     /* With sequence parallelism x holds nx = n / tp rows; the norms run on
      * them and the all-gather gives the column-parallel layers all n rows. */
     const int nx = a->sp ? n / m->tp_size : n;
-    if (a->x_in) memcpy(a->x_in, x, (size_t)nx * C * sizeof(float));
+    if (a->x_in) en_backend_copy(be, a->x_in, x, (size_t)nx * C * sizeof(float));
     /* attention block */
     en_op_rmsnorm(be, a->xn1, x, w->attn_norm, hp->norm_eps, nx, C);
     const float *xin = a->xn1;
@@ -123,7 +123,7 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
     linear_row_tp_fwd(m, a->proj, a->att, w->wo, w->bo, LP(3), s, a->lora_u, a->tmp, n, C, QD);
     /* row-parallel o_proj: each rank holds a partial sum over its heads */
     residual_add_row_parallel(m, a, x, n, nx);
-    if (a->x_mid) memcpy(a->x_mid, x, (size_t)nx * C * sizeof(float));
+    if (a->x_mid) en_backend_copy(be, a->x_mid, x, (size_t)nx * C * sizeof(float));
 
     /* MLP block (SwiGLU) */
     en_op_rmsnorm(be, a->xn2, x, w->ffn_norm, hp->norm_eps, nx, C);
@@ -187,7 +187,7 @@ en_layer_acts en_llama_infer_acts(float *xn, float *q, float *att, float *gate, 
     return a;
 }
 
-void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits) {
+void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *host) {
     en_model *m = c->m;
     en_backend *be = m->be;
     const en_model_hparams *hp = &m->hp, *hl = &m->hl;
@@ -203,19 +203,24 @@ void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits,
                            c->v_cache + (size_t)l * layer_cache, p0, &a);
     c->n_past = p0 + n;
 
-    if (!logits) return;
+    if (!want) return;
     /* Only the rows whose logits are wanted go through the final norm and
      * the (V, C) projection, which dominates decode cost for small models. */
-    const float *rows = all_logits ? c->x : c->x + (size_t)(n - 1) * C;
-    int nr = all_logits ? n : 1;
+    const float *rows = want == 2 ? c->x : c->x + (size_t)(n - 1) * C;
+    int nr = want == 2 ? n : 1;
     en_op_rmsnorm(be, c->xn, rows, m->out_norm, hp->norm_eps, nr, C);
+    const int V = hp->n_vocab;
     if (m->tp_size == 1) {
-        en_op_matmul(be, logits, c->xn, m->lm_head, NULL, nr, hp->n_vocab, C);
+        en_op_matmul(be, c->logits, c->xn, m->lm_head, NULL, nr, V, C);
+        if (host) en_backend_download(be, host, c->logits, (size_t)nr * V * sizeof(float));
         return;
     }
     /* Vocab-parallel output: each rank computes its V/tp columns; the
-     * all-gather gives (rank, row, V/tp), put back in (row, V) order. */
-    const int Vl = hl->n_vocab, V = hp->n_vocab;
+     * all-gather gives (rank, row, V/tp), put back in (row, V) order.
+     * Host buffers: tensor-parallel inference runs on the CPU backend
+     * (en_ctx_create refuses it on others). */
+    const int Vl = hl->n_vocab;
+    float *logits = c->logits;
     en_op_matmul(be, c->lg_local, c->xn, m->lm_head, NULL, nr, Vl, C);
     /* one row without padding is already in order */
     float *all = nr == 1 && Vl * m->tp_size == V ? logits : c->lg_gather;
@@ -229,4 +234,5 @@ void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits,
                 memcpy(logits + (size_t)t * V + (size_t)r * Vl, all + ((size_t)r * nr + t) * Vl,
                        (size_t)cols * sizeof(float));
         }
+    if (host) memcpy(host, logits, (size_t)nr * V * sizeof(float));
 }

@@ -431,6 +431,10 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
     if (m->tp_size > 1 && m->lora)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "LoRA adapters with tensor parallelism are not supported yet (issue #4)");
+    if (m->tp_size > 1 && strcmp(en_backend_name(m->be), "cpu") != 0)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "tensor-parallel inference runs on the CPU backend only so far (its "
+                      "vocab-parallel logits are gathered in host memory)");
     const en_model_hparams *hp = &m->hp;
     en_ctx_params d = p ? *p : en_ctx_params_default();
     if (d.n_ctx < 0 || d.n_batch < 0)
@@ -474,10 +478,11 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
         c->lg_local = en_malloc(B * (size_t)hl->n_vocab * sizeof(float));
         c->lg_gather = en_malloc(B * (size_t)hl->n_vocab * (size_t)m->tp_size * sizeof(float));
     }
-    c->logits = en_malloc(B * (size_t)hp->n_vocab * sizeof(float));
-    c->nll = en_malloc(B * sizeof(float));
+    c->logits = en_backend_alloc(be, B * (size_t)hp->n_vocab * sizeof(float));
+    c->nll = en_backend_alloc(be, B * sizeof(float));
+    c->nll_h = en_malloc(B * sizeof(float));
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->att || !c->gate || !c->up ||
-        !c->pos || !c->logits || !c->nll || !c->tmp || (m->lora && !c->lora_u) ||
+        !c->pos || !c->logits || !c->nll || !c->nll_h || !c->tmp || (m->lora && !c->lora_u) ||
         (m->tp_size > 1 && (!c->ids_local || !c->lg_local || !c->lg_gather))) {
         en_ctx_destroy(c);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a context of %d tokens (%zu MiB KV)",
@@ -504,8 +509,9 @@ void en_ctx_destroy(en_ctx *c) {
     en_free(c->ids_local);
     en_free(c->lg_local);
     en_free(c->lg_gather);
-    en_free(c->logits);
-    en_free(c->nll);
+    en_backend_free(be, c->logits);
+    en_backend_free(be, c->nll);
+    en_free(c->nll_h);
     en_free(c);
 }
 
@@ -529,12 +535,9 @@ en_status en_model_forward(en_ctx *c, const int32_t *ids, int n, float *logits, 
     for (int done = 0; done < n; done += c->n_batch) {
         int chunk = n - done < c->n_batch ? n - done : c->n_batch;
         int last = done + chunk == n;
-        float *lg = NULL;
-        if (logits && all_logits)
-            lg = logits + (size_t)done * hp->n_vocab;
-        else if (logits && last)
-            lg = logits;
-        en_llama_forward_chunk(c, ids + done, chunk, lg, all_logits);
+        int want = !logits ? 0 : all_logits ? 2 : last;
+        float *host = want == 2 ? logits + (size_t)done * hp->n_vocab : want ? logits : NULL;
+        en_llama_forward_chunk(c, ids + done, chunk, want, host);
     }
     return EN_OK;
 }
@@ -557,9 +560,11 @@ en_status en_model_score(en_ctx *c, const int32_t *ids, int n, double *nll_sum, 
     /* Tokens [0, n-1) are inputs; token t+1 is the target of input t. */
     for (int done = 0; done < n - 1; done += c->n_batch) {
         int chunk = (n - 1) - done < c->n_batch ? (n - 1) - done : c->n_batch;
-        EN_TRY(en_model_forward(c, ids + done, chunk, c->logits, 1, err));
+        /* checked above: ids in range, n <= n_ctx, chunk <= n_batch */
+        en_llama_forward_chunk(c, ids + done, chunk, 2, NULL);
         en_op_cross_entropy(c->m->be, c->nll, c->logits, ids + done + 1, chunk, V);
-        for (int t = 0; t < chunk; t++) sum += c->nll[t];
+        en_backend_download(c->m->be, c->nll_h, c->nll, (size_t)chunk * sizeof(float));
+        for (int t = 0; t < chunk; t++) sum += c->nll_h[t];
     }
     *nll_sum = sum;
     *n_scored = n - 1;

@@ -122,8 +122,9 @@ struct en_ctx {
     float *gate;   /* (B, F) */
     float *up;     /* (B, F) */
     int32_t *pos;  /* (B) */
-    float *logits; /* (B, V) scratch used by en_model_score */
-    float *nll;    /* (B) */
+    float *logits; /* (B, V) backend buffer: the logits of the last chunk */
+    float *nll;    /* (B) backend buffer, en_model_score */
+    float *nll_h;  /* (B) host copy of nll */
     float *tmp;    /* (B, max(C, F, H*D)) */
     float *lora_u; /* (B, r) or NULL */
     int32_t *ids_local; /* (B) tensor parallel: ids inside this rank's vocab slice */
@@ -160,7 +161,10 @@ int en_llama_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *id
 en_layer_acts en_llama_infer_acts(float *xn, float *q, float *att, float *gate, float *up,
                                   float *tmp, float *lora_u);
 
-/* The forward pass of the Llama family over one chunk (layers_llama.c). */
-void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
+/* The forward pass of the Llama family over one chunk (layers_llama.c).
+ * want: 0 no logits, 1 the last token's, 2 every token's; they land in
+ * c->logits (a backend buffer) and, when host is not NULL, are copied
+ * there too ((1, V) or (n, V) floats). */
+void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *host);
 
 #endif

@@ -47,7 +47,10 @@ struct en_train {
     float *dx, *dxn, *dq, *dk, *dv, *datt, *dgate, *dup, *dh, *dxf;
     float *logits; /* (chunk, V) */
     float *nll;    /* (chunk) */
-    float *scale;  /* (chunk) */
+    float *scale;  /* (chunk) backend buffer: every row grad_scale */
+    float scale_set; /* the value scale holds (0: not yet) */
+    int n_chunk;     /* rows of nll, scale, nll_h: min(ce_chunk, N) */
+    float *nll_h;  /* (chunk) host copy of nll */
     int32_t *pos;  /* (N) */
     int32_t *ids_local;            /* (N) tensor parallel: vocab-local ids */
     int sp, Nl;                    /* sequence parallel: rows held here (N / tp) */
@@ -56,10 +59,7 @@ struct en_train {
     float *ce_max, *ce_sum, *ce_tl; /* (chunk) vocab-parallel cross-entropy */
 };
 
-static void zero(float *p, size_t n) {
-    /* TODO(#6): a backend memset so this works on device buffers too. */
-    memset(p, 0, n * sizeof(float));
-}
+static void zero(en_backend *be, float *p, size_t n) { en_backend_zero(be, p, n * sizeof(float)); }
 
 en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **out, en_err *err) {
     *out = NULL;
@@ -94,6 +94,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     const size_t QD = (size_t)hp->n_head * hp->head_dim, KVD = (size_t)hp->n_kv_head * hp->head_dim;
     const size_t L = (size_t)hp->n_layer, V = (size_t)hp->n_vocab;
     size_t chunk = (size_t)t->cfg.ce_chunk < N ? (size_t)t->cfg.ce_chunk : N;
+    t->n_chunk = (int)chunk;
 
     /* trainable tensors */
     if (t->lora) {
@@ -166,6 +167,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->logits = en_backend_alloc(be, chunk * V * sizeof(float));
     t->nll = en_backend_alloc(be, chunk * sizeof(float));
     t->scale = en_backend_alloc(be, chunk * sizeof(float));
+    t->nll_h = en_malloc(chunk * sizeof(float));
     t->pos = en_malloc(N * sizeof(int32_t));
     t->ids_local = en_malloc(N * sizeof(int32_t));
     t->ce_max = en_malloc(chunk * sizeof(float));
@@ -195,7 +197,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         if (!t->lora_u || !t->lora_du) goto oom;
     }
     if (!t->proj || !t->tmp || !t->dx || !t->dxn || !t->dxf || !t->dq || !t->datt || !t->dk ||
-        !t->dv || !t->dgate || !t->dup || !t->dh || !t->logits || !t->nll || !t->scale || !t->pos)
+        !t->dv || !t->dgate || !t->dup || !t->dh || !t->logits || !t->nll || !t->scale || !t->nll_h || !t->pos)
         goto oom;
     float *p = t->arena;
     en_layer_acts shared = {0};
@@ -261,6 +263,7 @@ void en_train_destroy(en_train *t) {
     en_free(t->ce_max);
     en_free(t->ce_sum);
     en_free(t->ce_tl);
+    en_free(t->nll_h);
     en_free(t->kv_scratch);
     en_free(t);
 }
@@ -278,7 +281,7 @@ void en_train_tensor(const en_train *t, int i, const char **name, size_t *offset
     if (n_elem) *n_elem = t->tensors[i].n_elem;
     if (decay) *decay = t->tensors[i].decay;
 }
-void en_train_zero_grad(en_train *t) { zero(t->grads, t->n_params); }
+void en_train_zero_grad(en_train *t) { zero(t->be, t->grads, t->n_params); }
 
 size_t en_train_activation_bytes(const en_train *t, size_t *per_layer) {
     if (per_layer) *per_layer = t->per_layer_floats * sizeof(float);
@@ -314,7 +317,7 @@ static void linear_bwd(en_train *t, float *dx, float *dW, float *db, const float
     if (tp && row_parallel) en_model_tp_allreduce(m, t->lora_u, (size_t)M * r);
     en_op_scale(be, t->lora_u, s, (size_t)M * r);
     /* dB += dy^T u ; du = s * dy B */
-    zero(t->lora_du, (size_t)M * r);
+    zero(t->be, t->lora_du, (size_t)M * r);
     en_op_matmul_bwd(be, t->lora_du, dB, NULL, dy, t->lora_u, lp->B, M, N, r);
     if (tp && !row_parallel) en_model_tp_allreduce(m, t->lora_du, (size_t)M * r);
     en_op_scale(be, t->lora_du, s, (size_t)M * r);
@@ -431,7 +434,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     /* ---- forward ---- */
     if (t->sp) {
         en_llama_embed(m, t->xg, inputs, N, t->ids_local);
-        memcpy(t->x, t->xg + my_rows, (size_t)Nx * C * sizeof(float));
+        en_backend_copy(be, t->x, t->xg + my_rows, (size_t)Nx * C * sizeof(float));
     } else {
         en_llama_embed(m, t->x, inputs, N, t->ids_local);
     }
@@ -447,7 +450,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     /* ---- loss, fused with the output projection, chunk by chunk ---- */
     double sum = 0;
     int64_t count = 0;
-    if (backward) zero(t->dxf, (size_t)N * C);
+    if (backward) zero(t->be, t->dxf, (size_t)N * C);
     float *dWlm = gw(t, m->lm_head);
     for (int r0 = 0; r0 < N; r0 += t->cfg.ce_chunk) {
         int rows = N - r0 < t->cfg.ce_chunk ? N - r0 : t->cfg.ce_chunk;
@@ -457,13 +460,18 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             vocab_parallel_ce(t, targets + r0, rows, backward, grad_scale, &sum, &count);
         } else {
             en_op_cross_entropy(be, t->nll, t->logits, targets + r0, rows, V);
+            en_backend_download(be, t->nll_h, t->nll, (size_t)rows * sizeof(float));
             for (int i = 0; i < rows; i++)
                 if (targets[r0 + i] >= 0) {
-                    sum += t->nll[i];
+                    sum += t->nll_h[i];
                     count++;
                 }
             if (!backward) continue;
-            for (int i = 0; i < rows; i++) t->scale[i] = grad_scale;
+            if (t->scale_set != grad_scale) { /* uploaded once per value */
+                for (int i = 0; i < t->n_chunk; i++) t->nll_h[i] = grad_scale;
+                en_backend_upload(be, t->scale, t->nll_h, (size_t)t->n_chunk * sizeof(float));
+                t->scale_set = grad_scale;
+            }
             en_op_cross_entropy_bwd(be, t->logits, t->logits, targets + r0, t->scale, rows, V);
         }
         if (!backward) continue;
@@ -477,7 +485,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     const float *dxf = sum_rows(t, t->dxf);
 
     /* ---- backward ---- */
-    zero(t->dx, (size_t)Nx * C);
+    zero(t->be, t->dx, (size_t)Nx * C);
     en_op_rmsnorm_bwd(be, t->dx, gw(t, m->out_norm), dxf, t->x, m->out_norm, hp->norm_eps, Nx, C);
     for (int l = L - 1; l >= 0; l--) {
         const en_layer_acts *a = &t->acts[l];
@@ -488,7 +496,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
              * forward); x_in is not copied again (NULL). */
             en_layer_acts ra = *a;
             ra.x_in = NULL;
-            memcpy(t->xr, a->x_in, (size_t)Nx * C * sizeof(float));
+            en_backend_copy(be, t->xr, a->x_in, (size_t)Nx * C * sizeof(float));
             en_llama_layer_fwd(m, l, t->xr, N, B, t->pos, t->k[l], t->v[l], 0, &ra);
         }
 #define LP(i) (lo ? en_lora_get(lo, l, (i)) : NULL)
@@ -498,12 +506,12 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
          * our rows (reduce-scatter), and the norms' inputs are re-gathered. */
         const float *dy = rows_all(t, t->dx, t->dfull);
         /* MLP: x_out = x_mid + down(h), h = silu(gate) * up */
-        zero(t->dh, (size_t)N * F);
+        zero(t->be, t->dh, (size_t)N * F);
         linear_bwd(t, t->dh, gw(t, w->w_down), NULL, dy, a->h, w->w_down, LP(6), N, C, F, 1);
-        zero(t->dgate, (size_t)N * F);
-        zero(t->dup, (size_t)N * F);
+        zero(t->be, t->dgate, (size_t)N * F);
+        zero(t->be, t->dup, (size_t)N * F);
         en_op_swiglu_bwd(be, t->dgate, t->dup, t->dh, a->gate, a->up, (size_t)N * F);
-        zero(t->dxn, (size_t)N * C);
+        zero(t->be, t->dxn, (size_t)N * C);
         const float *xn = rows_all(t, a->xn2, t->xg);
         linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, xn, w->w_gate, LP(4), N, F, C, 0);
         linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, xn, w->w_up, LP(5), N, F, C, 0);
@@ -513,11 +521,11 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
                           hp->norm_eps, Nx, C);
         /* attention: x_mid = x_in + o(att) */
         dy = rows_all(t, t->dx, t->dfull);
-        zero(t->datt, (size_t)N * QD);
+        zero(t->be, t->datt, (size_t)N * QD);
         linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), dy, a->att, w->wo, LP(3), N, C, QD, 1);
-        zero(t->dq, (size_t)N * QD);
-        zero(t->dk, (size_t)N * KVD);
-        zero(t->dv, (size_t)N * KVD);
+        zero(t->be, t->dq, (size_t)N * QD);
+        zero(t->be, t->dk, (size_t)N * KVD);
+        zero(t->be, t->dv, (size_t)N * KVD);
         for (int sq = 0; sq < B; sq++) {
             size_t qo = (size_t)sq * T * QD, ko = (size_t)sq * T * KVD;
             if (a->probs)
@@ -534,7 +542,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         }
         en_op_rope_bwd(be, t->dq, t->pos, N, H, D, (size_t)QD, hp->rope_theta);
         en_op_rope_bwd(be, t->dk, t->pos, N, Hkv, D, (size_t)KVD, hp->rope_theta);
-        zero(t->dxn, (size_t)N * C);
+        zero(t->be, t->dxn, (size_t)N * C);
         xn = rows_all(t, a->xn1, t->xg);
         linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, xn, w->wq, LP(0), N, QD, C, 0);
         linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, xn, w->wk, LP(1), N, KVD, C, 0);

@@ -170,6 +170,18 @@ static void cuda_sync(en_backend *be) {
     EN_CUDA_CHECK("sync", cudaStreamSynchronize(c->stream));
 }
 
+/* In stream order: no wait, the next op on the stream sees the result. */
+static void cuda_copy(en_backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_ctx *c = enter(be, "copy");
+    EN_CUDA_CHECK("copy",
+                  cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+static void cuda_zero(en_backend *be, void *dst, size_t bytes) {
+    cuda_ctx *c = enter(be, "zero");
+    EN_CUDA_CHECK("zero", cudaMemsetAsync(dst, 0, bytes, c->stream));
+}
+
 /* ---- forward ops ---- */
 
 static void cuda_matmul(en_backend *be, float *y, const float *x, const float *w,
@@ -393,6 +405,8 @@ static const en_backend_ops cuda_ops = {
     /* .upload = */ cuda_upload,
     /* .download = */ cuda_download,
     /* .sync = */ cuda_sync,
+    /* .copy = */ cuda_copy,
+    /* .zero = */ cuda_zero,
     /* .matmul = */ cuda_matmul,
     /* .rmsnorm = */ cuda_rmsnorm,
     /* .rope = */ cuda_rope,
