@@ -30,6 +30,8 @@ static void usage(FILE *f) {
                "         times forward + backward + AdamW per step on random tokens\n"
                "  --tokens N     tokens per measurement (default: prefill 128, decode 64)\n"
                "  --prompt N     decode: prompt length before timing (default 16)\n"
+               "  --seqs N       decode: N sequences at once through the server's batched\n"
+               "                 step over a paged KV cache (default 1: one context)\n"
                "  --repeats R    measurements; the median is reported (default 5)\n"
                "  --threads N    CPU threads\n"
                "  --json         one JSON object per line\n");
@@ -160,6 +162,89 @@ done:
     return rc;
 }
 
+/* `bench decode --seqs N`: N sequences decoded together through the
+ * server's batched step over a paged KV cache (en_model_forward_batch):
+ * every weight is read once per step for all N, so tokens/s should grow
+ * with N until the step stops being bound by reading the weights. Each
+ * sequence gets its own random prompt of P tokens, prefilled in one step;
+ * then T steps of one token each are timed (median of repeats). */
+static int bench_decode_batched(const char *cmd, en_cli_model *cm, int seqs, int prompt,
+                                int tokens, int repeats, int json_out) {
+    const en_model_hparams *hp = en_model_get_hparams(cm->model);
+    const int V = hp->n_vocab, bs = 16, ctx = prompt + tokens;
+    const int per_seq = (ctx + bs - 1) / bs;
+    en_err err = {0};
+    en_kv_pool *kv = NULL;
+    en_batch *b = NULL;
+    int rc = EN_EXIT_ERROR;
+    int32_t *ids = malloc((size_t)seqs * ctx * sizeof(int32_t));
+    int32_t *blocks = malloc((size_t)seqs * per_seq * sizeof(int32_t));
+    float *logits = malloc((size_t)seqs * V * sizeof(float));
+    en_batch_seq *sq = malloc((size_t)seqs * sizeof *sq);
+    double *times = malloc((size_t)repeats * sizeof(double));
+    if (!ids || !blocks || !logits || !sq || !times) {
+        en_cli_error(cmd, "out of memory");
+        goto done;
+    }
+    if (en_kv_pool_create(cm->model, seqs * per_seq, bs, &kv, &err) ||
+        en_batch_create(cm->model, seqs * prompt > seqs ? seqs * prompt : seqs, seqs, ctx, &b,
+                        &err)) {
+        en_cli_error(cmd, "%s", err.msg);
+        goto done;
+    }
+    if (!en_kv_pool_alloc(kv, seqs * per_seq, blocks)) {
+        en_cli_error(cmd, "KV pool: cannot take %d blocks", seqs * per_seq);
+        goto done;
+    }
+    uint64_t x = 12345;
+    for (int i = 0; i < seqs * ctx; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((x >> 33) % (uint64_t)V);
+    }
+    for (int r = -1; r < repeats; r++) { /* one warm-up run */
+        for (int s = 0; s < seqs; s++)
+            sq[s] = (en_batch_seq){ids + (size_t)s * ctx, prompt, 0, blocks + (size_t)s * per_seq,
+                                   per_seq, logits + (size_t)s * V};
+        if (en_model_forward_batch(b, kv, sq, seqs, &err)) goto fail;
+        double t0 = en_time_now();
+        for (int t = 0; t < tokens; t++) {
+            for (int s = 0; s < seqs; s++) {
+                sq[s].ids = ids + (size_t)s * ctx + prompt + t;
+                sq[s].n = 1;
+                sq[s].n_past = prompt + t;
+            }
+            if (en_model_forward_batch(b, kv, sq, seqs, &err)) goto fail;
+        }
+        if (r >= 0) times[r] = en_time_now() - t0;
+    }
+    double med = median(times, repeats);
+    double steps = tokens / med, bytes = (double)en_model_param_bytes(cm->model);
+    if (json_out)
+        printf("{\"bench\":\"decode\",\"seqs\":%d,\"tokens\":%d,\"repeats\":%d,"
+               "\"tok_per_s\":%.3f,\"steps_per_s\":%.3f,\"weight_gb_per_s\":%.3f,"
+               "\"param_bytes\":%.0f,\"backend\":\"%s\"}\n",
+               seqs, tokens, repeats, steps * seqs, steps, bytes * steps / 1e9, bytes,
+               en_backend_name(cm->be));
+    else
+        printf("bench decode: %d sequences x %d tokens (batched, paged KV cache), median of %d, "
+               "%s backend\n  tokens/s: %.2f (%.2f per sequence)\n  weights read: %.2f GB/s\n",
+               seqs, tokens, repeats, en_backend_name(cm->be), steps * seqs, steps,
+               bytes * steps / 1e9);
+    rc = EN_EXIT_OK;
+    goto done;
+fail:
+    en_cli_error(cmd, "%s", err.msg);
+done:
+    en_batch_destroy(b);
+    en_kv_pool_destroy(kv);
+    free(ids);
+    free(blocks);
+    free(logits);
+    free(sq);
+    free(times);
+    return rc;
+}
+
 int en_cmd_bench(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
@@ -174,7 +259,7 @@ int en_cmd_bench(int argc, char **argv) {
     }
     en_cli_load_opts lo = {0};
     int tokens = is_decode ? 64 : 128, prompt = 16, repeats = 5, json_out = 0, bad = 0;
-    int batch = 4, seq_len = 256, lora_rank = 0, recompute = EN_RECOMPUTE_SELECTIVE;
+    int batch = 4, seq_len = 256, lora_rank = 0, recompute = EN_RECOMPUTE_SELECTIVE, seqs = 1;
     for (int i = 2; i < argc && !bad; i++) {
         const char *v;
         if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
@@ -186,6 +271,8 @@ int en_cmd_bench(int argc, char **argv) {
             if (!bad && !en_cli_int(CMD, "--repeats", v, 1, 1000, &repeats)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--batch", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--batch", v, 1, 1 << 16, &batch)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--seqs", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--seqs", v, 1, 4096, &seqs)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--seq-len", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--seq-len", v, 1, 1 << 20, &seq_len)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--recompute", &v, &bad)) {
@@ -210,6 +297,11 @@ int en_cmd_bench(int argc, char **argv) {
     if (rc) return rc;
     if (is_train) {
         rc = bench_train(CMD, &cm, batch, seq_len, repeats, lora_rank, recompute, json_out);
+        en_cli_unload(&cm);
+        return rc;
+    }
+    if (is_decode && seqs > 1) {
+        rc = bench_decode_batched(CMD, &cm, seqs, prompt, tokens, repeats, json_out);
         en_cli_unload(&cm);
         return rc;
     }
