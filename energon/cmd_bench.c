@@ -83,9 +83,13 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
     }
     size_t np;
     float *p = en_train_params(t, &np);
-    mo = calloc(np, sizeof(float));
-    vo = calloc(np, sizeof(float));
-    if (!mo || !vo) goto done;
+    /* AdamW moments next to the parameters (device memory on a GPU) */
+    mo = en_backend_alloc(cm->be, np * sizeof(float));
+    vo = en_backend_alloc(cm->be, np * sizeof(float));
+    if (!mo || !vo) {
+        en_cli_error(cmd, "out of memory for the AdamW moments of %zu parameters", np);
+        goto done;
+    }
     uint64_t x = 99;
     for (int i = 0; i < B * T; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -154,8 +158,8 @@ done:
     free(in);
     free(tg);
     free(times);
-    free(mo);
-    free(vo);
+    en_backend_free(cm->be, mo);
+    en_backend_free(cm->be, vo);
     en_train_destroy(t);
     if (lora) en_model_set_lora(cm->model, NULL, NULL);
     en_lora_destroy(lora);
