@@ -22,16 +22,43 @@
 
 typedef struct en_backend en_backend;
 
+/* Arithmetic of the GEMMs (en_op_matmul and en_op_matmul_bwd), chosen when
+ * the backend is created. Every tensor the caller sees stays float32 in
+ * every mode, and so do all other ops. The CPU backend always computes in
+ * float32: it accepts each value and ignores it.
+ *  FP32: exact float32 products and sums (the default; what the CPU
+ *        comparisons at 1e-5 need).
+ *  TF32: CUDA only: float32 in and out, products on TF32 tensor cores
+ *        (10-bit mantissa inputs: ~1e-3 relative error).
+ *  BF16: CUDA only: mixed precision. The GEMM inputs (x, dy and the
+ *        weights) are rounded to bfloat16 (8-bit mantissa: ~4e-3 relative
+ *        per element), products are summed in float32 and written to
+ *        float32 outputs, so gradients still accumulate in float32 and the
+ *        master weights and AdamW moments stay float32. The weights' bf16
+ *        copies are cached by the backend and refreshed after it writes
+ *        to them (en_op_adamw & co.); memory written by anything else
+ *        (a collective on another stream) is not seen.
+ * Batch-invariant matmul (en_backend_set_batch_invariant) is float32 in
+ * every mode. */
+typedef enum en_precision {
+    EN_PRECISION_FP32 = 0,
+    EN_PRECISION_TF32 = 1,
+    EN_PRECISION_BF16 = 2,
+} en_precision;
+
 typedef struct en_backend_config {
     int n_threads; /* 0 = OpenMP / OpenBLAS default */
+    int precision; /* en_precision; default EN_PRECISION_FP32 */
 } en_backend_config;
 
 en_backend_config en_backend_config_default(void);
 
-/* Create the CPU backend. Owns nothing passed in. */
+/* Create the CPU backend. Owns nothing passed in. Errors: EN_ERR_ARG
+ * (n_threads < 0, precision not an en_precision), EN_ERR_NOMEM. */
 en_status en_backend_cpu_create(const en_backend_config *cfg, en_backend **out, en_err *err);
 /* Create the CUDA backend on device `dev`. Fails with EN_ERR_UNSUPPORTED and a
- * clear message when the build has no CUDA or the machine has no GPU. */
+ * clear message when the build has no CUDA or the machine has no GPU, and
+ * with EN_ERR_ARG when cfg->precision is not an en_precision. */
 en_status en_backend_cuda_create(int dev, const en_backend_config *cfg, en_backend **out,
                                  en_err *err);
 void en_backend_destroy(en_backend *be); /* NULL is a no-op */

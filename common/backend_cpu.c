@@ -22,7 +22,9 @@
  * gradients' sums over tokens or keys (bias, rmsnorm weight, attention);
  * softmax and logsumexp subtract the row max first; rope computes its
  * angles in double because pos * inv_freq in float loses ~1e-4 rad at
- * pos ~4000.
+ * pos ~4000. Everything is float32 whatever en_backend_config.precision
+ * asks for (TF32 and BF16 are CUDA modes; the value is checked, then
+ * ignored), so the CPU stays the exact reference.
  *
  * Used through backend.c, which has already checked shapes and dropped
  * empty calls (see backend_impl.h).
@@ -1022,6 +1024,13 @@ en_status en_backend_cpu_create(const en_backend_config *cfg, en_backend **out, 
     if (c.n_threads < 0)
         return EN_ERR(err, EN_ERR_ARG,
                       "backend config: n_threads is %d, must be >= 0 (0 = default)", c.n_threads);
+    /* Checked so that a bad value fails on every backend; otherwise ignored:
+     * every op here computes in float32 whatever the precision (backend.h). */
+    if (c.precision < EN_PRECISION_FP32 || c.precision > EN_PRECISION_BF16)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "backend config: precision is %d, must be EN_PRECISION_FP32, _TF32 or "
+                      "_BF16 (0..2)",
+                      c.precision);
     en_backend *be = en_calloc(1, sizeof *be);
     cpu_ctx *ctx = en_calloc(1, sizeof *ctx);
     if (!be || !ctx) goto fail;

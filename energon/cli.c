@@ -105,6 +105,14 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
         o->device = v;
         return 1;
     }
+    if (en_cli_flag(argc, argv, i, "--precision", &v, bad)) {
+        if (!*bad && strcmp(v, "fp32") != 0 && strcmp(v, "tf32") != 0 && strcmp(v, "bf16") != 0) {
+            en_cli_error(cmd, "--precision: '%s' is not one of fp32, tf32, bf16", v);
+            *bad = 1;
+        }
+        o->precision = v;
+        return 1;
+    }
     if (en_cli_flag(argc, argv, i, "--tp", &v, bad)) {
         if (!*bad && !en_cli_int(cmd, "--tp", v, 1, 4096, &o->tp)) *bad = 1;
         return 1;
@@ -123,10 +131,22 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
         en_cli_error(cmd, "--model DIR is required");
         return EN_EXIT_USAGE;
     }
+    const int cuda = o->device && strcmp(o->device, "cuda") == 0;
     en_backend_config bc = en_backend_config_default();
     bc.n_threads = o->n_threads;
+    /* bf16 GEMMs with float32 accumulation by default on a GPU (issue #6);
+     * the CPU computes in float32 only. */
+    const char *prec = o->precision ? o->precision : cuda ? "bf16" : "fp32";
+    if (!cuda && strcmp(prec, "fp32") != 0) {
+        en_cli_error(cmd, "--precision %s needs --device cuda (the CPU computes in fp32 only)",
+                     prec);
+        return EN_EXIT_USAGE;
+    }
+    bc.precision = strcmp(prec, "bf16") == 0   ? EN_PRECISION_BF16
+                   : strcmp(prec, "tf32") == 0 ? EN_PRECISION_TF32
+                                               : EN_PRECISION_FP32;
     en_status s;
-    if (o->device && strcmp(o->device, "cuda") == 0)
+    if (cuda)
         s = en_backend_cuda_create(0, &bc, &out->be, &err);
     else
         s = en_backend_cpu_create(&bc, &out->be, &err);

@@ -46,7 +46,10 @@ typedef struct en_cli_model {
 typedef struct en_cli_load_opts {
     const char *dir;
     const char *device; /* "cpu" (default) or "cuda" */
-    int n_threads;      /* 0 = default */
+    /* --precision: "fp32", "tf32" or "bf16" (the GEMMs' arithmetic,
+     * en_precision); NULL = bf16 on cuda, fp32 on the CPU (its only one) */
+    const char *precision;
+    int n_threads; /* 0 = default */
     int need_tokenizer;
     const char *adapter; /* --adapter: a run directory or PEFT adapter directory */
     int tp;              /* --tp: tensor-parallel size under mpirun (0/1 = none) */
@@ -56,9 +59,10 @@ typedef struct en_cli_load_opts {
 int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out);
 void en_cli_unload(en_cli_model *cm);
 
-/* Common flags of model commands (--model, --adapter, --device, --threads,
- * --tp). Returns 1
- * when argv[*i] was one of them. */
+/* Common flags of model commands (--model, --adapter, --device,
+ * --precision, --threads, --tp). Returns 1 when argv[*i] was one of them.
+ * en_cli_load rejects --precision tf32 or bf16 without --device cuda
+ * (EN_EXIT_USAGE). */
 int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
                      int *bad);
 

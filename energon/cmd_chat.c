@@ -53,6 +53,8 @@ static void usage(FILE *f) {
             "                       guessed from DIR/tokenizer_config.json, else plain)\n"
             "  --threads N          with --model DIR: CPU threads\n"
             "  --device cpu|cuda    with --model DIR: compute device (default cpu)\n"
+            "  --precision P        with --model DIR: fp32 | tf32 | bf16 (default bf16 on\n"
+            "                       cuda; the CPU has fp32 only)\n"
             "  --system TEXT        system message\n"
             "  --temperature T      sampling temperature (default: the server's)\n"
             "  --max-tokens N       answer length limit (default: the server's)\n"
@@ -540,9 +542,9 @@ int en_cmd_chat(int argc, char **argv) {
     }
     if (bad) return EN_EXIT_USAGE;
     /* --model means a name with --url and a directory without it. */
-    if (url && (lo.adapter || lo.n_threads || lo.device || tmpl_name)) {
-        en_cli_error(CMD, "--adapter, --threads, --device and --chat-template need --model DIR "
-                          "(in-process), not --url");
+    if (url && (lo.adapter || lo.n_threads || lo.device || lo.precision || tmpl_name)) {
+        en_cli_error(CMD, "--adapter, --threads, --device, --precision and --chat-template need "
+                          "--model DIR (in-process), not --url");
         return EN_EXIT_USAGE;
     }
     if (!url && !lo.dir) {

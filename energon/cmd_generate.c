@@ -41,7 +41,9 @@ static void usage(FILE *f) {
             "  --json              print one JSON object {text, ids, prompt_tokens,\n"
             "                      finish_reason} instead of streaming\n"
             "  --threads N         CPU threads\n"
-            "  --device cpu|cuda   compute device (default cpu)\n",
+            "  --device cpu|cuda   compute device (default cpu)\n"
+            "  --precision P       fp32 | tf32 | bf16: matmul arithmetic (default bf16 on\n"
+            "                      cuda; the CPU has fp32 only)\n",
             MAX_STOPS);
 }
 

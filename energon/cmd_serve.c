@@ -53,7 +53,9 @@ static void usage(FILE *f) {
             "  --grace S               on SIGTERM, time for running requests (default 30)\n"
             "  --quiet                 no per-request log lines\n"
             "  --threads N             CPU threads\n"
-            "  --device cpu|cuda       compute device (default cpu)\n");
+            "  --device cpu|cuda       compute device (default cpu)\n"
+            "  --precision P           fp32 | tf32 | bf16: matmul arithmetic (default bf16 on\n"
+            "                          cuda; the CPU has fp32 only)\n");
 }
 
 /* The key from --api-key-file: the first line, without surrounding space. */

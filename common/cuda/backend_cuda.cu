@@ -9,10 +9,21 @@
  * ENERGON_CUDA=ON; tests/test_backend_ops.c runs it against backend_cpu.c.
  *
  * Owned here: the stream, the cuBLASLt state (matmul.cu), device scratch
- * (rmsnorm_bwd's row scales, sumsq's partial sums) and the index staging
- * slots. No GPU memory is allocated inside ops except when an index array or
- * the rmsnorm scratch outgrows what it had (rare: sizes settle after the
- * first step).
+ * (rmsnorm_bwd's row scales, sumsq's partial sums), the index staging
+ * slots and, in BF16 mode, the bf16 state of the GEMMs (bf16.cu). No GPU
+ * memory is allocated inside ops except when an index array, the rmsnorm
+ * scratch or the bf16 scratch outgrows what it had, or a weight gets its
+ * first bf16 copy (rare: sizes settle after the first step).
+ *
+ * Precision (en_backend_config.precision, backend.h): FP32 and TF32 set
+ * the compute type of the cuBLASLt GEMMs; BF16 gives matmul and
+ * matmul_bwd bf16 operands with float32 accumulation (matmul.cu) and
+ * creates the bf16 cache of weight copies (bf16.cu). That cache is keyed
+ * by pointer, so this file tells it about every byte the backend writes
+ * (each op's outputs, copy, zero, upload) and every buffer it frees
+ * (hence the table of allocation sizes, BF16 mode only); when an
+ * allocation runs out of memory the cache is emptied and it is tried
+ * again. Every other op is float32 in every mode.
  *
  * Index arrays (pos, kv_rows, ids, targets, rows) arrive as HOST pointers
  * today: layer code keeps positions and token ids in host memory, and
@@ -44,6 +55,7 @@ extern "C" {
 #include "common/backend_impl.h"
 }
 
+#include "bf16.cuh"
 #include "cross_entropy.cuh"
 #include "cuda_util.cuh"
 #include "elementwise.cuh"
@@ -67,10 +79,20 @@ typedef struct idx_slot {
     int pending;      /* done was recorded and not yet waited for */
 } idx_slot;
 
+/* A buffer from cuda_alloc and its size, so that a free can tell the bf16
+ * cache which range went away (BF16 mode only). */
+typedef struct alloc_rec {
+    void *p;
+    size_t bytes;
+} alloc_rec;
+
 typedef struct cuda_ctx {
     int dev;
     cudaStream_t stream;
     en_cuda_gemm *gemm;
+    en_cuda_bf16_cache *bf16; /* BF16 mode: weight copies and scratch; else NULL */
+    alloc_rec *allocs;        /* (cap_allocs) BF16 mode: live buffers, unordered */
+    size_t n_allocs, cap_allocs;
     idx_slot idx[IDX_SLOTS];
     int idx_next;
     float *rows;       /* (rows_cap) device: rmsnorm_bwd's per-row 1/rms */
@@ -123,17 +145,58 @@ static void stage_idx(cuda_ctx *c, const char *op, const int32_t *a, size_t na,
     if (db) *db = nb ? sl->dev + na : NULL;
 }
 
+/* The backend wrote n floats from p: bf16 copies of what overlaps them are
+ * stale (BF16 mode; a no-op otherwise). */
+static void wrote(cuda_ctx *c, const void *p, size_t n) {
+    en_cuda_bf16_cache_invalidate(c->bf16, p, n * sizeof(float));
+}
+
+/* The same for `rows` rows of `width` floats, `stride` floats apart. */
+static void wrote_rows(cuda_ctx *c, const void *p, size_t rows, size_t stride, size_t width) {
+    wrote(c, p, (rows - 1) * stride + width);
+}
+
+/* 1 + the largest of n >= 1 host indices (all >= 0): the rows an indexed
+ * write may reach. */
+static size_t idx_extent(const int32_t *a, int n) {
+    int32_t m = 0;
+    for (int i = 0; i < n; i++)
+        if (a[i] > m) m = a[i];
+    return (size_t)m + 1;
+}
+
 /* ---- buffers ---- */
 
 static void *cuda_alloc(en_backend *be, size_t bytes) {
     cuda_ctx *c = enter(be, "alloc");
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess && c->bf16) {
+        /* The bf16 copies are a cache: give their memory back and retry. */
+        (void)cudaGetLastError();
+        EN_CUDA_CHECK("alloc", cudaStreamSynchronize(c->stream));
+        if (en_cuda_bf16_cache_clear(c->bf16) > 0) e = cudaMalloc(&p, bytes);
+    }
     if (e != cudaSuccess) {
         /* Out of memory is reported by NULL; clear the error so that the
          * next op's launch check does not see it. */
         (void)cudaGetLastError();
         return NULL;
+    }
+    if (c->bf16) {
+        if (c->n_allocs == c->cap_allocs) {
+            const size_t cap = c->cap_allocs ? 2 * c->cap_allocs : 64;
+            alloc_rec *a = (alloc_rec *)en_realloc(c->allocs, cap * sizeof *a);
+            if (!a) {
+                EN_CUDA_CHECK("alloc", cudaFree(p));
+                return NULL;
+            }
+            c->allocs = a;
+            c->cap_allocs = cap;
+        }
+        c->allocs[c->n_allocs].p = p;
+        c->allocs[c->n_allocs].bytes = bytes;
+        c->n_allocs++;
     }
     EN_CUDA_CHECK("alloc", cudaMemsetAsync(p, 0, bytes, c->stream));
     /* Zeroed for every stream, not only this backend's (NCCL's, say). */
@@ -143,8 +206,14 @@ static void *cuda_alloc(en_backend *be, size_t bytes) {
 
 static void cuda_free(en_backend *be, void *buf) {
     cuda_ctx *c = enter(be, "free");
-    /* Queued kernels may still use the buffer. */
+    /* Queued kernels may still use the buffer (or a bf16 copy of it). */
     EN_CUDA_CHECK("free", cudaStreamSynchronize(c->stream));
+    for (size_t i = 0; i < c->n_allocs; i++) {
+        if (c->allocs[i].p != buf) continue;
+        en_cuda_bf16_cache_release(c->bf16, buf, c->allocs[i].bytes);
+        c->allocs[i] = c->allocs[--c->n_allocs];
+        break;
+    }
     EN_CUDA_CHECK("free", cudaFree(buf));
 }
 
@@ -153,6 +222,7 @@ static void cuda_free(en_backend *be, void *buf) {
  * host buffer may be reused or read at once. */
 static void cuda_upload(en_backend *be, void *dst, const void *host_src, size_t bytes) {
     cuda_ctx *c = enter(be, "upload");
+    en_cuda_bf16_cache_invalidate(c->bf16, dst, bytes);
     EN_CUDA_CHECK("upload",
                   cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, c->stream));
     EN_CUDA_CHECK("upload", cudaStreamSynchronize(c->stream));
@@ -173,12 +243,14 @@ static void cuda_sync(en_backend *be) {
 /* In stream order: no wait, the next op on the stream sees the result. */
 static void cuda_copy(en_backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = enter(be, "copy");
+    en_cuda_bf16_cache_invalidate(c->bf16, dst, bytes);
     EN_CUDA_CHECK("copy",
                   cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
 }
 
 static void cuda_zero(en_backend *be, void *dst, size_t bytes) {
     cuda_ctx *c = enter(be, "zero");
+    en_cuda_bf16_cache_invalidate(c->bf16, dst, bytes);
     EN_CUDA_CHECK("zero", cudaMemsetAsync(dst, 0, bytes, c->stream));
 }
 
@@ -187,18 +259,21 @@ static void cuda_zero(en_backend *be, void *dst, size_t bytes) {
 static void cuda_matmul(en_backend *be, float *y, const float *x, const float *w,
                         const float *bias, int M, int N, int K) {
     cuda_ctx *c = enter(be, "matmul");
-    en_cuda_matmul(c->gemm, c->stream, y, x, w, bias, M, N, K, be->batch_invariant);
+    wrote(c, y, (size_t)M * (size_t)N);
+    en_cuda_matmul(c->gemm, c->bf16, c->stream, y, x, w, bias, M, N, K, be->batch_invariant);
 }
 
 static void cuda_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps,
                          int T, int C) {
     cuda_ctx *c = enter(be, "rmsnorm");
+    wrote(c, y, (size_t)T * (size_t)C);
     en_cuda_rmsnorm_fwd(c->stream, y, x, w, eps, T, C);
 }
 
 static void cuda_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
                       size_t row_stride, float theta) {
     cuda_ctx *c = enter(be, "rope");
+    wrote_rows(c, x, (size_t)T, row_stride, (size_t)H * (size_t)D);
     const int32_t *dpos = NULL;
     stage_idx(c, "rope", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_rope(c->stream, x, dpos, T, H, D, row_stride, theta, 0);
@@ -207,6 +282,7 @@ static void cuda_rope(en_backend *be, float *x, const int32_t *pos, int T, int H
 static void cuda_embedding(en_backend *be, float *y, const float *table, const int32_t *ids,
                            int T, int C) {
     cuda_ctx *c = enter(be, "embedding");
+    wrote(c, y, (size_t)T * (size_t)C);
     const int32_t *dids = NULL;
     stage_idx(c, "embedding", ids, (size_t)T, &dids, NULL, 0, NULL);
     en_cuda_embedding_fwd(c->stream, y, table, dids, T, C);
@@ -214,11 +290,13 @@ static void cuda_embedding(en_backend *be, float *y, const float *table, const i
 
 static void cuda_swiglu(en_backend *be, float *y, const float *gate, const float *up, size_t n) {
     cuda_ctx *c = enter(be, "swiglu");
+    wrote(c, y, n);
     en_cuda_swiglu_fwd(c->stream, y, gate, up, n);
 }
 
 static void cuda_add(en_backend *be, float *y, const float *a, const float *b, size_t n) {
     cuda_ctx *c = enter(be, "add");
+    wrote(c, y, n);
     en_cuda_add(c->stream, y, a, b, n);
 }
 
@@ -226,6 +304,7 @@ static void cuda_attention(en_backend *be, float *out, const float *q, size_t q_
                            const float *k, const float *v, size_t kv_stride, const int32_t *pos,
                            int T, int S, int H, int Hkv, int D, int window) {
     cuda_ctx *c = enter(be, "attention");
+    wrote(c, out, (size_t)T * (size_t)H * (size_t)D);
     const int32_t *dpos = NULL;
     stage_idx(c, "attention", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention(c->stream, out, q, q_stride, k, v, kv_stride, NULL, dpos, T, S, H, Hkv, D,
@@ -237,6 +316,7 @@ static void cuda_attention_rows(en_backend *be, float *out, const float *q, size
                                 const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
                                 int Hkv, int D, int window) {
     cuda_ctx *c = enter(be, "attention_rows");
+    wrote(c, out, (size_t)T * (size_t)H * (size_t)D);
     const int32_t *dpos = NULL, *drows = NULL;
     stage_idx(c, "attention_rows", pos, (size_t)T, &dpos, kv_rows, (size_t)S, &drows);
     en_cuda_attention(c->stream, out, q, q_stride, k, v, kv_stride, drows, dpos, T, S, H, Hkv, D,
@@ -246,6 +326,7 @@ static void cuda_attention_rows(en_backend *be, float *out, const float *q, size
 static void cuda_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
                               const float *src, size_t src_stride, int T, int width) {
     cuda_ctx *c = enter(be, "rows_scatter");
+    if (c->bf16) wrote_rows(c, dst, idx_extent(rows, T), dst_stride, (size_t)width);
     const int32_t *drows = NULL;
     stage_idx(c, "rows_scatter", rows, (size_t)T, &drows, NULL, 0, NULL);
     en_cuda_rows_scatter(c->stream, dst, dst_stride, drows, src, src_stride, T, width);
@@ -254,6 +335,7 @@ static void cuda_rows_scatter(en_backend *be, float *dst, size_t dst_stride, con
 static void cuda_cross_entropy(en_backend *be, float *nll, const float *logits,
                                const int32_t *target, int T, int V) {
     cuda_ctx *c = enter(be, "cross_entropy");
+    wrote(c, nll, (size_t)T);
     const int32_t *dtg = NULL;
     stage_idx(c, "cross_entropy", target, (size_t)T, &dtg, NULL, 0, NULL);
     en_cuda_cross_entropy_fwd(c->stream, nll, logits, dtg, T, V);
@@ -264,6 +346,8 @@ static void cuda_attention_store(en_backend *be, float *out, float *probs, const
                                  size_t kv_stride, const int32_t *pos, int T, int S, int H,
                                  int Hkv, int D, int window) {
     cuda_ctx *c = enter(be, "attention_store");
+    wrote(c, out, (size_t)T * (size_t)H * (size_t)D);
+    wrote(c, probs, (size_t)T * (size_t)H * (size_t)S);
     const int32_t *dpos = NULL;
     stage_idx(c, "attention_store", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention_store(c->stream, out, probs, q, q_stride, k, v, kv_stride, dpos, T, S, H,
@@ -275,12 +359,17 @@ static void cuda_attention_store(en_backend *be, float *out, float *probs, const
 static void cuda_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
                             const float *x, const float *w, int M, int N, int K) {
     cuda_ctx *c = enter(be, "matmul_bwd");
-    en_cuda_matmul_bwd(c->gemm, c->stream, dx, dw, db, dy, x, w, M, N, K);
+    if (dx) wrote(c, dx, (size_t)M * (size_t)K);
+    if (dw) wrote(c, dw, (size_t)N * (size_t)K);
+    if (db) wrote(c, db, (size_t)N);
+    en_cuda_matmul_bwd(c->gemm, c->bf16, c->stream, dx, dw, db, dy, x, w, M, N, K);
 }
 
 static void cuda_rmsnorm_bwd(en_backend *be, float *dx, float *dw, const float *dy,
                              const float *x, const float *w, float eps, int T, int C) {
     cuda_ctx *c = enter(be, "rmsnorm_bwd");
+    if (dx) wrote(c, dx, (size_t)T * (size_t)C);
+    if (dw) wrote(c, dw, (size_t)C);
     if ((size_t)T > c->rows_cap) {
         /* Queued kernels may still read the old scratch. */
         EN_CUDA_CHECK("rmsnorm_bwd", cudaStreamSynchronize(c->stream));
@@ -296,6 +385,7 @@ static void cuda_rmsnorm_bwd(en_backend *be, float *dx, float *dw, const float *
 static void cuda_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
                           size_t row_stride, float theta) {
     cuda_ctx *c = enter(be, "rope_bwd");
+    wrote_rows(c, dx, (size_t)T, row_stride, (size_t)H * (size_t)D);
     const int32_t *dpos = NULL;
     stage_idx(c, "rope_bwd", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_rope(c->stream, dx, dpos, T, H, D, row_stride, theta, 1);
@@ -304,12 +394,15 @@ static void cuda_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, 
 static void cuda_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
                             const float *gate, const float *up, size_t n) {
     cuda_ctx *c = enter(be, "swiglu_bwd");
+    if (dgate) wrote(c, dgate, n);
+    if (dup) wrote(c, dup, n);
     en_cuda_swiglu_bwd(c->stream, dgate, dup, dy, gate, up, n);
 }
 
 static void cuda_embedding_bwd(en_backend *be, float *dtable, const float *dy, const int32_t *ids,
                                int T, int C) {
     cuda_ctx *c = enter(be, "embedding_bwd");
+    if (c->bf16 && dtable) wrote(c, dtable, idx_extent(ids, T) * (size_t)C);
     const int32_t *dids = NULL;
     stage_idx(c, "embedding_bwd", ids, (size_t)T, &dids, NULL, 0, NULL);
     en_cuda_embedding_bwd(c->stream, dtable, dy, dids, T, C);
@@ -320,6 +413,9 @@ static void cuda_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, 
                                size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
                                int D, int window) {
     cuda_ctx *c = enter(be, "attention_bwd");
+    if (dq) wrote_rows(c, dq, (size_t)T, q_stride, (size_t)H * (size_t)D);
+    if (dk) wrote_rows(c, dk, (size_t)S, kv_stride, (size_t)Hkv * (size_t)D);
+    if (dv) wrote_rows(c, dv, (size_t)S, kv_stride, (size_t)Hkv * (size_t)D);
     const int32_t *dpos = NULL;
     stage_idx(c, "attention_bwd", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention_bwd(c->stream, dq, dk, dv, dout, q, q_stride, k, v, kv_stride, dpos, T, S,
@@ -332,6 +428,9 @@ static void cuda_attention_bwd_stored(en_backend *be, float *dq, float *dk, floa
                                       size_t kv_stride, const int32_t *pos, int T, int S, int H,
                                       int Hkv, int D, int window) {
     cuda_ctx *c = enter(be, "attention_bwd_stored");
+    if (dq) wrote_rows(c, dq, (size_t)T, q_stride, (size_t)H * (size_t)D);
+    if (dk) wrote_rows(c, dk, (size_t)S, kv_stride, (size_t)Hkv * (size_t)D);
+    if (dv) wrote_rows(c, dv, (size_t)S, kv_stride, (size_t)Hkv * (size_t)D);
     const int32_t *dpos = NULL;
     stage_idx(c, "attention_bwd_stored", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention_bwd_stored(c->stream, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride,
@@ -341,6 +440,7 @@ static void cuda_attention_bwd_stored(en_backend *be, float *dq, float *dk, floa
 static void cuda_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
                                    const int32_t *target, const float *scale, int T, int V) {
     cuda_ctx *c = enter(be, "cross_entropy_bwd");
+    wrote(c, dlogits, (size_t)T * (size_t)V);
     const int32_t *dtg = NULL;
     stage_idx(c, "cross_entropy_bwd", target, (size_t)T, &dtg, NULL, 0, NULL);
     en_cuda_cross_entropy_bwd(c->stream, dlogits, logits, dtg, scale, T, V);
@@ -360,12 +460,16 @@ static double cuda_sumsq(en_backend *be, const float *x, size_t n) {
 
 static void cuda_scale(en_backend *be, float *x, float s, size_t n) {
     cuda_ctx *c = enter(be, "scale");
+    wrote(c, x, n);
     en_cuda_scale(c->stream, x, s, n);
 }
 
 static void cuda_adamw(en_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                        float lr, float b1, float b2, float eps, float wd, int t) {
     cuda_ctx *c = enter(be, "adamw");
+    wrote(c, p, n);
+    wrote(c, m, n);
+    wrote(c, v, n);
     en_cuda_adamw(c->stream, p, g, m, v, n, lr, b1, b2, eps, wd, t);
 }
 
@@ -378,6 +482,8 @@ static void ctx_release(cuda_ctx *c) {
     int cur = -1;
     if (cudaGetDevice(&cur) == cudaSuccess && cur != c->dev) (void)cudaSetDevice(c->dev);
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    en_cuda_bf16_cache_destroy(c->bf16);
+    en_free(c->allocs);
     en_cuda_gemm_destroy(c->gemm);
     for (int i = 0; i < IDX_SLOTS; i++) {
         idx_slot *sl = &c->idx[i];
@@ -443,15 +549,17 @@ static const en_backend_ops cuda_ops = {
         }                                                                                          \
     } while (0)
 
+/* Bytes of device memory the bf16 weight copies may take: half the GPU's,
+ * i.e. the copies of float32 weights filling all of it. */
+#define BF16_CACHE_SHARE 2
+
 /* Errors: EN_ERR_UNSUPPORTED (no GPU visible, or one older than compute
  * capability 8.0, for which this build has no code), EN_ERR_ARG (dev out
- * of range, n_threads < 0), EN_ERR_CUDA / EN_ERR_NOMEM (setting up the
- * device failed). cfg may be NULL; its n_threads is checked and otherwise
- * unused (the backend runs on one host thread). ENERGON_CUDA_TF32=1 in the
- * environment lets matmul use TF32 tensor cores (~1e-3 relative error);
- * the default is exact fp32, so that the CPU comparisons hold at 1e-5.
- * (STYLE.md section 6 keeps getenv in the front ends; this switch should
- * move into en_backend_config when a front end grows the flag.) */
+ * of range, n_threads < 0, precision not an en_precision), EN_ERR_CUDA /
+ * EN_ERR_NOMEM (setting up the device failed). cfg may be NULL (float32);
+ * its n_threads is checked and otherwise unused (the backend runs on one
+ * host thread). cfg->precision picks the GEMMs' arithmetic (backend.h):
+ * the default is exact fp32, so that the CPU comparisons hold at 1e-5. */
 extern "C" en_status en_backend_cuda_create(int dev, const en_backend_config *cfg,
                                             en_backend **out, en_err *err) {
     if (!out) return EN_ERR(err, EN_ERR_ARG, "en_backend_cuda_create: out is NULL");
@@ -460,6 +568,12 @@ extern "C" en_status en_backend_cuda_create(int dev, const en_backend_config *cf
         return EN_ERR(err, EN_ERR_ARG,
                       "backend config: n_threads is %d, must be >= 0 (0 = default)",
                       cfg->n_threads);
+    const int precision = cfg ? cfg->precision : EN_PRECISION_FP32;
+    if (precision < EN_PRECISION_FP32 || precision > EN_PRECISION_BF16)
+        return EN_ERR(err, EN_ERR_ARG,
+                      "backend config: precision is %d, must be EN_PRECISION_FP32, _TF32 or "
+                      "_BF16 (0..2)",
+                      precision);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
@@ -484,7 +598,6 @@ extern "C" en_status en_backend_cuda_create(int dev, const en_backend_config *cf
     en_status st = EN_OK;
     en_backend *be = (en_backend *)en_calloc(1, sizeof *be);
     cuda_ctx *c = (cuda_ctx *)en_calloc(1, sizeof *c);
-    const char *tf32 = getenv("ENERGON_CUDA_TF32");
     if (!be || !c) {
         en_free(be);
         en_free(c);
@@ -495,8 +608,16 @@ extern "C" en_status en_backend_cuda_create(int dev, const en_backend_config *cf
     /* A blocking stream: work that others put on the legacy default stream
      * stays ordered with the backend's. */
     CREATE_TRY(cudaStreamCreate(&c->stream));
-    st = en_cuda_gemm_create(tf32 && strcmp(tf32, "1") == 0, &c->gemm, err);
+    /* BF16 mode's float32 fallbacks (shapes with no bf16 algorithm) stay
+     * exact: TF32 only when asked for. */
+    st = en_cuda_gemm_create(precision == EN_PRECISION_TF32, &c->gemm, err);
     if (st != EN_OK) goto fail;
+    if (precision == EN_PRECISION_BF16) {
+        size_t free_b = 0, total_b = 0;
+        CREATE_TRY(cudaMemGetInfo(&free_b, &total_b));
+        st = en_cuda_bf16_cache_create(total_b / BF16_CACHE_SHARE, &c->bf16, err);
+        if (st != EN_OK) goto fail;
+    }
     for (int i = 0; i < IDX_SLOTS; i++) {
         idx_slot *sl = &c->idx[i];
         CREATE_TRY(cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming));

@@ -2,7 +2,8 @@
  * matmul.cu - y = x w^T + bias and its backward for the CUDA backend.
  *
  * cuBLASLt does the GEMMs, in fp32 (CUBLAS_COMPUTE_32F: results within
- * ~1e-6 relative of the CPU's sgemm) unless TF32 was asked for. Row-major
+ * ~1e-6 relative of the CPU's sgemm) unless TF32 or BF16 was asked for
+ * (backend.h, en_precision). Row-major
  * y(M,N) = x(M,K) w(N,K)^T is, read column-major, y^T = w^T x^T: A = w
  * transposed, B = x, m = N, n = M, k = K, and the bias (one value per row
  * of the column-major D, i.e. per column n of y) fuses as
@@ -19,13 +20,24 @@
  * an alignment, and the K = 0 case. The backward has a naive fallback of
  * its own (gemm_naive_kernel), for the same reason.
  *
+ * BF16 mode (a bf16.cu cache passed in): the same GEMMs with A and B in
+ * bfloat16 (the weight's cached copy, x and dy rounded into scratch on
+ * every call), CUBLAS_COMPUTE_32F accumulation and float32 C = D, so beta
+ * = 1 still accumulates gradients in float32 and the bias epilogue adds a
+ * float32 bias (its type follows D's). Mixed precision as in Micikevicius
+ * et al. 2018 (arXiv:1710.03740) and Kalamkar et al. 2019 (bf16,
+ * arXiv:1905.12322): no loss scaling, since bf16 has float32's exponent
+ * range. A shape cuBLASLt has no bf16 algorithm for (odd leading
+ * dimensions, say) runs in float32 instead, then on the own kernels.
+ *
  * Algorithm choice: cublasLtMatmulAlgoGetHeuristic costs tens of
  * microseconds, a decode step calls matmul hundreds of times, so its answer
- * is cached per (shape, layout, epilogue, pointer alignment).
+ * is cached per (types, shape, layout, epilogue, pointer alignment).
  */
 #include <cublasLt.h>
 #include <string.h>
 
+#include "bf16.cuh"
 #include "cuda_util.cuh"
 #include "matmul.cuh"
 #include "reduce.cuh"
@@ -33,7 +45,9 @@
 /* NVIDIA recommends 32 MiB of workspace on Hopper (cuBLAS docs,
  * cublasSetWorkspace); smaller only narrows the algorithms offered. */
 #define GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
-#define GEMM_CACHE 64
+/* Distinct GEMMs of a training step with LoRA in BF16 mode, float32
+ * fallbacks included, stay well under this. */
+#define GEMM_CACHE 128
 
 static void lt_check_at(cublasStatus_t st, const char *op, const char *call, const char *file,
                         int line) {
@@ -49,6 +63,7 @@ static void lt_check_at(cublasStatus_t st, const char *op, const char *call, con
  * memcmp sees no stray padding bytes. */
 typedef struct gemm_key {
     int64_t lda, ldb, ldd;
+    int32_t ab_type, compute; /* cudaDataType_t of A and B, cublasComputeType_t */
     int32_t ta, tb, m, n, k;
     int32_t accumulate, bias;
     uint32_t align_a, align_b, align_d, align_bias;
@@ -64,7 +79,7 @@ typedef struct gemm_entry {
 struct en_cuda_gemm {
     cublasLtHandle_t lt;
     void *ws; /* (GEMM_WORKSPACE_BYTES) device */
-    cublasComputeType_t compute;
+    cublasComputeType_t compute; /* of the float32 GEMMs */
     gemm_entry cache[GEMM_CACHE];
     int cache_next; /* round-robin replacement */
 };
@@ -150,17 +165,21 @@ static const gemm_entry *gemm_algo(en_cuda_gemm *g, const gemm_key *key,
 }
 
 /* Column-major D(m,n) = op(A) op(B) (+ D when accumulate) (+ bias(m) added
- * to every column when bias != NULL), all float. Returns 0, having done
- * nothing, when cuBLASLt has no algorithm for it. */
-static int lt_gemm(en_cuda_gemm *g, cudaStream_t s, const char *op, cublasOperation_t ta,
-                   cublasOperation_t tb, int m, int n, int k, const float *A, int64_t lda,
-                   const float *B, int64_t ldb, float *D, int64_t ldd, int accumulate,
-                   const float *bias) {
+ * to every column when bias != NULL). A and B are of type ab (CUDA_R_32F
+ * or CUDA_R_16BF), D and bias are float, products are summed as `compute`
+ * says. Returns 0, having done nothing, when cuBLASLt has no algorithm for
+ * it. */
+static int lt_gemm(en_cuda_gemm *g, cudaStream_t s, const char *op, cudaDataType_t ab,
+                   cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb, int m,
+                   int n, int k, const void *A, int64_t lda, const void *B, int64_t ldb, float *D,
+                   int64_t ldd, int accumulate, const float *bias) {
     gemm_key key;
     memset(&key, 0, sizeof key);
     key.lda = lda;
     key.ldb = ldb;
     key.ldd = ldd;
+    key.ab_type = (int32_t)ab;
+    key.compute = (int32_t)compute;
     key.ta = (int32_t)ta;
     key.tb = (int32_t)tb;
     key.m = m;
@@ -175,7 +194,8 @@ static int lt_gemm(en_cuda_gemm *g, cudaStream_t s, const char *op, cublasOperat
 
     cublasLtMatmulDesc_t desc = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-    LT_CHECK(op, cublasLtMatmulDescCreate(&desc, g->compute, CUDA_R_32F));
+    /* Scale type (alpha, beta) float32 in every mode. */
+    LT_CHECK(op, cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     const int32_t tai = (int32_t)ta, tbi = (int32_t)tb;
     LT_CHECK(op, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &tai,
                                                 sizeof tai));
@@ -192,10 +212,8 @@ static int lt_gemm(en_cuda_gemm *g, cudaStream_t s, const char *op, cublasOperat
     /* Stored shapes: op(A) is m x k, op(B) is k x n. */
     const int a_rows = ta == CUBLAS_OP_N ? m : k, a_cols = ta == CUBLAS_OP_N ? k : m;
     const int b_rows = tb == CUBLAS_OP_N ? k : n, b_cols = tb == CUBLAS_OP_N ? n : k;
-    LT_CHECK(op, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, (uint64_t)a_rows, (uint64_t)a_cols,
-                                            lda));
-    LT_CHECK(op, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, (uint64_t)b_rows, (uint64_t)b_cols,
-                                            ldb));
+    LT_CHECK(op, cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)a_rows, (uint64_t)a_cols, lda));
+    LT_CHECK(op, cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)b_rows, (uint64_t)b_cols, ldb));
     LT_CHECK(op, cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldd));
 
     const gemm_entry *e = gemm_algo(g, &key, desc, la, lb, ld, op);
@@ -300,51 +318,125 @@ static void gemm_naive(cudaStream_t s, float *out, size_t ldo, const float *a, s
 
 /* ---- launchers ---- */
 
-void en_cuda_matmul(en_cuda_gemm *g, cudaStream_t s, float *y, const float *x, const float *w,
-                    const float *bias, int M, int N, int K, int batch_invariant) {
+static void add_bias(cudaStream_t s, float *y, const float *bias, int M, int N) {
+    const size_t total = (size_t)M * (size_t)N;
+    matmul_bias_kernel<<<en_cuda_blocks(total, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(y, bias,
+                                                                                     total, N);
+    EN_CUDA_LAUNCH_CHECK("matmul");
+}
+
+/* y(M,N) = x(M,K) w(N,K)^T (+ bias) on cuBLASLt, x and w of type ab.
+ * Returns 0, having done nothing, when it has no algorithm for the shape.
+ * The bias epilogue reads the vector with 16-byte loads (others have seen
+ * misaligned-address faults with less), so only aligned biases fuse; the
+ * rest get their own pass, as does a bias the fused GEMM has no algorithm
+ * for. */
+static int matmul_lt(en_cuda_gemm *g, cudaStream_t s, cudaDataType_t ab,
+                     cublasComputeType_t compute, float *y, const void *x, const void *w,
+                     const float *bias, int M, int N, int K) {
+    const int fuse = bias && align_of(bias) >= 16;
+    if (lt_gemm(g, s, "matmul", ab, compute, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N,
+                0, fuse ? bias : NULL)) {
+        if (bias && !fuse) add_bias(s, y, bias, M, N);
+        return 1;
+    }
+    if (fuse && lt_gemm(g, s, "matmul", ab, compute, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x,
+                        K, y, N, 0, NULL)) {
+        add_bias(s, y, bias, M, N);
+        return 1;
+    }
+    return 0;
+}
+
+/* Elements that n bf16 values take in scratch when another operand follows
+ * them: whole 256 bytes, so that every operand starts as aligned as the
+ * buffer (cuBLASLt's fast kernels want 16 bytes). */
+static size_t bf16_span(size_t n) { return (n + 127) / 128 * 128; }
+
+/* BF16 mode's y = x w^T + bias: w's cached copy (or, when the cache has
+ * no room, w rounded into scratch after x), x rounded into scratch.
+ * Returns 0, having computed nothing, when scratch cannot be had or
+ * cuBLASLt has no algorithm (the caller falls back to float32). */
+static int matmul_bf16(en_cuda_gemm *g, en_cuda_bf16_cache *bc, cudaStream_t s, float *y,
+                       const float *x, const float *w, const float *bias, int M, int N, int K) {
+    const char *op = "matmul";
+    const size_t nx = (size_t)M * (size_t)K, nw = (size_t)N * (size_t)K;
+    /* Scratch before the weight: growing scratch may free cached copies,
+     * so the copy is looked up after the last growth that can free it. */
+    if (!en_cuda_bf16_scratch(bc, s, nx, op)) return 0;
+    const __nv_bfloat16 *wb = en_cuda_bf16_weight(bc, s, w, nw, op);
+    __nv_bfloat16 *sc = en_cuda_bf16_scratch(bc, s, wb ? nx : bf16_span(nx) + nw, op);
+    if (!sc) return 0;
+    if (!wb) {
+        en_cuda_f32_to_bf16(s, sc + bf16_span(nx), w, nw, op);
+        wb = sc + bf16_span(nx);
+    }
+    en_cuda_f32_to_bf16(s, sc, x, nx, op);
+    return matmul_lt(g, s, CUDA_R_16BF, CUBLAS_COMPUTE_32F, y, sc, wb, bias, M, N, K);
+}
+
+void en_cuda_matmul(en_cuda_gemm *g, en_cuda_bf16_cache *bf16, cudaStream_t s, float *y,
+                    const float *x, const float *w, const float *bias, int M, int N, int K,
+                    int batch_invariant) {
     /* K = 0: y = bias (or 0); cuBLASLt rejects leading dimensions of 0. */
     if (batch_invariant || K == 0) {
         rowdot(s, y, x, w, bias, M, N, K);
         return;
     }
-    /* The bias epilogue reads the vector with 16-byte loads (others have
-     * seen misaligned-address faults with less), so only aligned biases
-     * fuse; the rest get their own pass. */
-    const int fuse = bias && align_of(bias) >= 16;
-    if (lt_gemm(g, s, "matmul", CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, 0,
-                fuse ? bias : NULL)) {
-        if (bias && !fuse) {
-            const size_t total = (size_t)M * (size_t)N;
-            matmul_bias_kernel<<<en_cuda_blocks(total, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(
-                y, bias, total, N);
-            EN_CUDA_LAUNCH_CHECK("matmul");
-        }
-        return;
-    }
-    if (fuse && lt_gemm(g, s, "matmul", CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, 0,
-                        NULL)) {
-        const size_t total = (size_t)M * (size_t)N;
-        matmul_bias_kernel<<<en_cuda_blocks(total, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(
-            y, bias, total, N);
-        EN_CUDA_LAUNCH_CHECK("matmul");
-        return;
-    }
+    if (bf16 && matmul_bf16(g, bf16, s, y, x, w, bias, M, N, K)) return;
+    if (matmul_lt(g, s, CUDA_R_32F, g->compute, y, x, w, bias, M, N, K)) return;
     rowdot(s, y, x, w, bias, M, N, K);
 }
 
-void en_cuda_matmul_bwd(en_cuda_gemm *g, cudaStream_t s, float *dx, float *dw, float *db,
-                        const float *dy, const float *x, const float *w, int M, int N, int K) {
+/* BF16 mode's dx += dy w and dw += dy^T x (either may be NULL): dy, and x
+ * when dw is wanted, rounded into scratch [dy | x | w], w from the cache
+ * (or the scratch when the cache has no room). *dx_done and *dw_done say
+ * which GEMMs ran; the caller does the others in float32. */
+static void matmul_bwd_bf16(en_cuda_gemm *g, en_cuda_bf16_cache *bc, cudaStream_t s, float *dx,
+                            float *dw, const float *dy, const float *x, const float *w, int M,
+                            int N, int K, int *dx_done, int *dw_done) {
+    const char *op = "matmul_bwd";
+    const size_t ndy = (size_t)M * (size_t)N, nx = dw ? (size_t)M * (size_t)K : 0;
+    const size_t nw = (size_t)N * (size_t)K;
+    const size_t off_x = bf16_span(ndy), off_w = off_x + bf16_span(nx);
+    /* Scratch before the weight, as in matmul_bf16. */
+    if (!en_cuda_bf16_scratch(bc, s, off_x + nx, op)) return;
+    const __nv_bfloat16 *wb = dx ? en_cuda_bf16_weight(bc, s, w, nw, op) : NULL;
+    const int w_in_scratch = dx && !wb;
+    __nv_bfloat16 *sc = en_cuda_bf16_scratch(bc, s, w_in_scratch ? off_w + nw : off_x + nx, op);
+    if (!sc) return;
+    if (w_in_scratch) {
+        en_cuda_f32_to_bf16(s, sc + off_w, w, nw, op);
+        wb = sc + off_w;
+    }
+    en_cuda_f32_to_bf16(s, sc, dy, ndy, op);
+    if (dw) en_cuda_f32_to_bf16(s, sc + off_x, x, nx, op);
+    /* The same GEMMs as the float32 path below, on the bf16 operands. */
+    if (dx)
+        *dx_done = lt_gemm(g, s, op, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_N, K,
+                           M, N, wb, K, sc, N, dx, K, 1, NULL);
+    if (dw)
+        *dw_done = lt_gemm(g, s, op, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_T, K,
+                           N, M, sc + off_x, K, sc, N, dw, K, 1, NULL);
+}
+
+void en_cuda_matmul_bwd(en_cuda_gemm *g, en_cuda_bf16_cache *bf16, cudaStream_t s, float *dx,
+                        float *dw, float *db, const float *dy, const float *x, const float *w,
+                        int M, int N, int K) {
+    int dx_done = 0, dw_done = 0;
+    if (bf16 && K > 0 && (dx || dw))
+        matmul_bwd_bf16(g, bf16, s, dx, dw, dy, x, w, M, N, K, &dx_done, &dw_done);
     /* dx(M,K) += dy(M,N) w(N,K): column-major dx^T(K,M) += w^T(K,N) dy^T(N,M),
      * where w^T and dy^T are w and dy read column-major (no transposes). */
-    if (K > 0 && dx &&
-        !lt_gemm(g, s, "matmul_bwd", CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w, K, dy, N, dx, K, 1,
-                 NULL))
+    if (K > 0 && dx && !dx_done &&
+        !lt_gemm(g, s, "matmul_bwd", CUDA_R_32F, g->compute, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w,
+                 K, dy, N, dx, K, 1, NULL))
         gemm_naive(s, dx, (size_t)K, dy, (size_t)N, 1, w, 1, (size_t)K, M, K, N);
     /* dw(N,K) += dy^T(N,M) x(M,K): column-major dw^T(K,N) += x^T(K,M) dy(M,N),
      * x^T is x read column-major, dy is dy^T (read column-major) transposed. */
-    if (K > 0 && dw &&
-        !lt_gemm(g, s, "matmul_bwd", CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x, K, dy, N, dw, K, 1,
-                 NULL))
+    if (K > 0 && dw && !dw_done &&
+        !lt_gemm(g, s, "matmul_bwd", CUDA_R_32F, g->compute, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x,
+                 K, dy, N, dw, K, 1, NULL))
         gemm_naive(s, dw, (size_t)K, dy, 1, (size_t)N, x, 1, (size_t)K, N, K, M);
     if (db) en_cuda_colsum(s, "matmul_bwd", db, dy, NULL, NULL, M, N);
 }
