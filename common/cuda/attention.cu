@@ -113,6 +113,22 @@ __device__ __forceinline__ void attn_range(const int32_t *pos, int t, int S, int
     *s1 = p < S - 1 ? p : S - 1;
 }
 
+/* The keys any of rows r0 .. r0+R-1 (below n_rows) attends: lo..hi, or
+ * hi < lo when none attends any. Every tile kernel sweeps only these. */
+__device__ __forceinline__ void attn_block_range(const int32_t *pos, int r0, int R, int n_rows,
+                                                 int group, int S, int window, int *lo, int *hi) {
+    *lo = INT_MAX;
+    *hi = -1;
+    for (int r = r0; r < r0 + R && r < n_rows; r++) {
+        int a, b;
+        attn_range(pos, r / group, S, window, &a, &b);
+        if (a <= b) {
+            *lo = min(*lo, a);
+            *hi = max(*hi, b);
+        }
+    }
+}
+
 /* Rows of the tile kernels: for kv head kvh, row r in [0, T*group) is query
  * t = r / group and head h = kvh*group + r % group, so a block's rows are a
  * few consecutive queries and all heads of the group (they share K and V). */
@@ -140,16 +156,8 @@ __global__ void __launch_bounds__(ATTN_NW * 32)
     const int n_rows = T * group;
     const int r0 = blockIdx.x * R;
 
-    /* Keys any row of the block attends: lo..hi. */
-    int lo = INT_MAX, hi = -1;
-    for (int r = r0; r < r0 + R && r < n_rows; r++) {
-        int a, b;
-        attn_range(pos, r / group, S, window, &a, &b);
-        if (a <= b) {
-            lo = min(lo, a);
-            hi = max(hi, b);
-        }
-    }
+    int lo, hi; /* keys any row of the block attends */
+    attn_block_range(pos, r0, R, n_rows, group, S, window, &lo, &hi);
 
     int rt[RW], rh[RW], rs0[RW], rs1[RW];
     bool ok[RW];
@@ -373,15 +381,8 @@ __global__ void __launch_bounds__(ATTN_NW * 32)
     const int n_rows = T * group;
     const int r0 = blockIdx.x * R;
 
-    int lo = INT_MAX, hi = -1;
-    for (int r = r0; r < r0 + R && r < n_rows; r++) {
-        int a, b;
-        attn_range(pos, r / group, S, window, &a, &b);
-        if (a <= b) {
-            lo = min(lo, a);
-            hi = max(hi, b);
-        }
-    }
+    int lo, hi; /* keys any row of the block attends */
+    attn_block_range(pos, r0, R, n_rows, group, S, window, &lo, &hi);
 
     /* ok: the row exists and attends at least one key; other rows add
      * nothing (their sQ, sDO, sP, sDS are zero). */
