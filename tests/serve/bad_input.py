@@ -9,7 +9,7 @@ import select
 import socket
 import time
 
-from common import (CTX, MODEL, PID, URL, Server, alive, check, error_shape, finish, health, http,
+from common import (CTX, MODEL, PID, SLOW, URL, Server, alive, check, error_shape, finish, health, http,
                     http_json, post, short, split_url)
 
 CHAT = "/v1/chat/completions"
@@ -176,6 +176,48 @@ try:
     st, js, _ = http_json("POST", CHAT, REF_REQ, headers={"Authorization": f"Bearer {KEY}"}, url=srv.url)
     check(st == 200 and js["choices"][0]["message"]["content"] == ref_text, "right key: 200, same answer",
           f"{st}")
+finally:
+    srv.stop()
+
+# ---- slow or half-sent requests time out (a second server with --timeout 2):
+# headers cut short, and a body that stops halfway; each connection must be
+# closed by the server (with or without a 408) within a few seconds, and the
+# server must go on answering.
+def half_sent(url, payload):
+    host, port = split_url(url)
+    s = socket.create_connection((host, port), timeout=30)
+    t0 = time.time()
+    s.sendall(payload)
+    resp = b""
+    s.settimeout(20 * SLOW)
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            resp += d
+    except OSError:
+        pass
+    s.close()
+    return time.time() - t0, resp
+
+
+srv = Server("timeout", "--timeout", "2", "--model-name", MODEL)
+try:
+    host, _ = split_url(srv.url)
+    body = json.dumps(chat_body()).encode()
+    cases = [("headers cut short", f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Ty".encode()),
+             ("body stops halfway", (f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\n"
+                                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+              .encode() + body[:len(body) // 2])]
+    for what, payload in cases:
+        dt, resp = half_sent(srv.url, payload)
+        status = resp.split(b" ")[1].decode() if resp.startswith(b"HTTP/") else "closed"
+        check(1.5 <= dt <= 2 + 8 * SLOW and status in ("closed", "408"),
+              f"half-sent request ({what}) is dropped after --timeout 2", f"{status} after {dt:.2f} s")
+    st, js, _ = http_json("POST", CHAT, REF_REQ, url=srv.url)
+    check(st == 200 and js["choices"][0]["message"]["content"] == ref_text,
+          "the --timeout server answers normally afterwards", f"{st}")
 finally:
     srv.stop()
 
