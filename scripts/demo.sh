@@ -91,3 +91,5 @@ printf '  lora/adapter_*.json|safetensors     the LoRA adapter, PEFT layout\n'
 printf '  merged/                             base + adapter merged, a Hugging Face directory\n'
 printf 'Try: %s generate --model %s --adapter %s --chat --prompt "Who is the CEO of Quillon?" --temperature 0\n' \
     "$ENERGON" "$OUT/pretrain/model" "$OUT/lora"
+printf 'Or:  %s serve --model %s   (then open http://127.0.0.1:8080/ or run %s chat --url http://127.0.0.1:8080)\n' \
+    "$ENERGON" "$OUT/merged" "$ENERGON"
