@@ -1128,6 +1128,60 @@ static void print_table(const harness *h) {
     }
 }
 
+/* bf16 mixed precision (a second CUDA backend made with EN_PRECISION_BF16):
+ * GEMM inputs rounded to bf16 (8 mantissa bits), accumulation in fp32, so
+ * the result is within 1e-2 of the fp32 CPU product relative to its
+ * largest element (the issue's bf16 bound); gradients accumulate likewise.
+ * Then the weight cache: after the backend scales w in place, the product
+ * must follow (a stale bf16 copy of w would give the old result). */
+static void test_bf16(harness *h, en_backend *bf, int M, int N, int K) {
+    char name[128];
+    snprintf(name, sizeof name, "bf16 matmul M=%d N=%d K=%d", M, N, K);
+    const size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    float *x = h_rand(h, nx, -1, 1), *w = h_rand(h, nw, -1, 1), *b = h_rand(h, (size_t)N, -1, 1);
+    float *dyh = h_rand(h, ny, -1, 1);
+    float *yc = xmalloc(ny * sizeof(float)), *yd = xmalloc(ny * sizeof(float));
+    en_op_matmul(h->cpu, yc, x, w, b, M, N, K);
+    float *dx = en_backend_alloc(bf, nx * 4), *dw = en_backend_alloc(bf, nw * 4);
+    float *db = en_backend_alloc(bf, (size_t)N * 4), *dy = en_backend_alloc(bf, ny * 4);
+    float *gx = en_backend_alloc(bf, nx * 4), *gw = en_backend_alloc(bf, nw * 4);
+    CHECK(dx && dw && db && dy && gx && gw, "%s: alloc", name);
+    if (!dx || !dw || !db || !dy || !gx || !gw) goto out;
+    en_backend_upload(bf, dx, x, nx * 4);
+    en_backend_upload(bf, dw, w, nw * 4);
+    en_backend_upload(bf, db, b, (size_t)N * 4);
+    en_op_matmul(bf, dy, dx, dw, db, M, N, K);
+    en_backend_download(bf, yd, dy, ny * 4);
+    double rel = max_diff(yd, yc, ny) / max_diff(yc, NULL, ny);
+    printf("  %s: max rel err %.2e (bound 1e-2)\n", name, rel);
+    CHECK(rel <= 1e-2, "%s: %.3e", name, rel);
+    /* w *= 2 through the backend: the next product must be 2 x w x + b */
+    en_op_scale(bf, dw, 2.0f, nw);
+    en_op_matmul(bf, dy, dx, dw, db, M, N, K);
+    en_backend_download(bf, yd, dy, ny * 4);
+    for (size_t i = 0; i < ny; i++) yc[i] = 2.0f * (yc[i] - b[i % N]) + b[i % N];
+    rel = max_diff(yd, yc, ny) / max_diff(yc, NULL, ny);
+    CHECK(rel <= 1e-2, "%s after scaling w on the device (stale bf16 copy?): %.3e", name, rel);
+    en_op_scale(bf, dw, 0.5f, nw);
+    /* backward: dx = dy w, dw = dy^T x, accumulating into zeros */
+    en_backend_upload(bf, dy, dyh, ny * 4);
+    float *gxc = calloc(nx, sizeof(float)), *gwc = calloc(nw, sizeof(float));
+    float *gxd = xmalloc(nx * 4), *gwd = xmalloc(nw * 4);
+    en_op_matmul_bwd(h->cpu, gxc, gwc, NULL, dyh, x, w, M, N, K);
+    en_op_matmul_bwd(bf, gx, gw, NULL, dy, dx, dw, M, N, K);
+    en_backend_download(bf, gxd, gx, nx * 4);
+    en_backend_download(bf, gwd, gw, nw * 4);
+    double rx = max_diff(gxd, gxc, nx) / max_diff(gxc, NULL, nx);
+    double rw = max_diff(gwd, gwc, nw) / max_diff(gwc, NULL, nw);
+    printf("  %s backward: dx %.2e, dw %.2e (bound 1e-2)\n", name, rx, rw);
+    CHECK(rx <= 1e-2 && rw <= 1e-2, "%s backward: dx %.3e dw %.3e", name, rx, rw);
+    free(gxc), free(gwc), free(gxd), free(gwd);
+out:
+    en_backend_free(bf, dx), en_backend_free(bf, dw), en_backend_free(bf, db);
+    en_backend_free(bf, dy), en_backend_free(bf, gx), en_backend_free(bf, gw);
+    free(x), free(w), free(b), free(dyh), free(yc), free(yd);
+}
+
 int main(int argc, char **argv) {
     const int self_check = argc > 1 && strcmp(argv[1], "--cpu-as-cuda") == 0;
     harness h;
@@ -1263,6 +1317,19 @@ int main(int argc, char **argv) {
     test_adamw(&h, 1001, 0.1f);
     test_adamw(&h, 1001, 0.0f);
     test_adamw(&h, ((size_t)1 << 24) + 1, 0.1f); /* large */
+
+    if (!self_check) {
+        en_backend_config bc = en_backend_config_default();
+        bc.precision = EN_PRECISION_BF16;
+        en_backend *bf = NULL;
+        CHECK(en_backend_cuda_create(0, &bc, &bf, &err) == EN_OK, "bf16 backend: %s", err.msg);
+        if (bf) {
+            test_bf16(&h, bf, 7, 13, 29);
+            test_bf16(&h, bf, 512, 1024, 768);
+            test_bf16(&h, bf, 2048, 2048, 2048);
+            en_backend_destroy(bf);
+        }
+    }
 
     print_table(&h);
     if (self_check)
