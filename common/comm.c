@@ -123,6 +123,15 @@ en_status en_comm_allreduce_max(en_comm *c, en_group g, float *buf, size_t n, en
     return c->ops->allreduce(c, g, buf, n, EN_COMM_F32, EN_COMM_MAX, err);
 }
 
+/* A one-rank group's collective is a copy: on the implementation's memory
+ * (device buffers under NCCL) when it has a copy op, else host memcpy. */
+static void copy_local(en_comm *c, void *dst, const void *src, size_t bytes) {
+    if (c->ops->copy)
+        c->ops->copy(c, dst, src, bytes);
+    else
+        memcpy(dst, src, bytes);
+}
+
 en_status en_comm_allgather(en_comm *c, en_group g, const float *send, float *recv,
                             size_t n_per_rank, en_err *err) {
     check_group(c, g);
@@ -135,15 +144,7 @@ en_status en_comm_allgather(en_comm *c, en_group g, const float *send, float *re
     EN_ASSERT(send == own || !overlaps(send, n_per_rank * sizeof(float), recv,
                                        size * n_per_rank * sizeof(float)));
     if (size == 1) {
-        if (send != recv) {
-            if (c->ops->copy)
-                c->ops->copy(c, recv, send, n_per_rank * sizeof(float));
-            else
-                if (c->ops->copy)
-            c->ops->copy(c, recv, send, n_per_rank * sizeof(float));
-        else
-            memcpy(recv, send, n_per_rank * sizeof(float));
-        }
+        if (send != recv) copy_local(c, recv, send, n_per_rank * sizeof(float));
         return EN_OK;
     }
     return c->ops->allgather(c, g, send, recv, n_per_rank, err);
@@ -161,10 +162,7 @@ en_status en_comm_reduce_scatter_sum(en_comm *c, en_group g, const float *send, 
     EN_ASSERT(!overlaps(send, size * n_per_rank * sizeof(float), recv,
                         n_per_rank * sizeof(float)));
     if (size == 1) {
-        if (c->ops->copy)
-            c->ops->copy(c, recv, send, n_per_rank * sizeof(float));
-        else
-            memcpy(recv, send, n_per_rank * sizeof(float));
+        copy_local(c, recv, send, n_per_rank * sizeof(float));
         return EN_OK;
     }
     return c->ops->reduce_scatter_sum(c, g, send, recv, n_per_rank, err);
