@@ -113,6 +113,22 @@ expect("POST on /v1/models", 405, "POST", "/v1/models", {})
 expect("DELETE on /health", 405, "DELETE", "/health")
 
 
+def read_until_closed(s, timeout):
+    """Everything the server sends until it closes (or timeout s of silence); closes s."""
+    resp = b""
+    s.settimeout(timeout)
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            resp += d
+    except OSError:
+        pass
+    s.close()
+    return resp
+
+
 # ---- a 10 MB body: 413. The server may answer before reading it all and
 # close; read whatever status line comes back while sending.
 def huge_body(n_bytes):
@@ -125,7 +141,6 @@ def huge_body(n_bytes):
     total = len(head) + n_fill * len(filler) + len(tail)
     s.sendall((f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {total}\r\nConnection: close\r\n\r\n").encode() + head)
-    resp = b""
     chunk = (filler * 64).encode()
     sent = 0
     try:
@@ -140,16 +155,7 @@ def huge_body(n_bytes):
             s.sendall(tail)
     except OSError:
         pass
-    s.settimeout(10)
-    try:
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            resp += d
-    except OSError:
-        pass
-    s.close()
+    resp = read_until_closed(s, 10)
     return resp, sent * len(filler)
 
 
@@ -188,17 +194,7 @@ def half_sent(url, payload):
     s = socket.create_connection((host, port), timeout=30)
     t0 = time.time()
     s.sendall(payload)
-    resp = b""
-    s.settimeout(20 * SLOW)
-    try:
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            resp += d
-    except OSError:
-        pass
-    s.close()
+    resp = read_until_closed(s, 20 * SLOW)
     return time.time() - t0, resp
 
 
