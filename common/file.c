@@ -267,3 +267,13 @@ en_status en_file_copy(const char *src, const char *dst, en_err *err) {
     en_free(data);
     return s;
 }
+
+void en_path_basename(const char *path, char *out, size_t cap) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    size_t len = n - b < cap - 1 ? n - b : cap - 1;
+    memcpy(out, path + b, len);
+    out[len] = 0;
+}

@@ -50,6 +50,10 @@ en_status en_mkdir_p(const char *path, en_err *err);
 /* Join a directory and a file name into a new en_malloc'd string (NULL on OOM). */
 char *en_path_join(const char *dir, const char *name);
 
+/* The last component of path, trailing slashes ignored ("runs/a/" -> "a"),
+ * into out (NUL-terminated, cut to cap - 1 bytes; cap >= 1). */
+void en_path_basename(const char *path, char *out, size_t cap);
+
 /* 1 when the path exists (file or directory). */
 int en_path_exists(const char *path);
 

@@ -262,12 +262,6 @@ en_chat_template_id en_cli_chat_template_for(const char *dir) {
 }
 
 void en_cli_dir_basename(const char *dir, char *out, size_t cap) {
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--;
-    size_t b = n;
-    while (b > 0 && dir[b - 1] != '/') b--;
-    size_t len = n - b < cap - 1 ? n - b : cap - 1;
-    memcpy(out, dir + b, len);
-    out[len] = 0;
+    en_path_basename(dir, out, cap);
     if (!out[0]) snprintf(out, cap, "energon");
 }

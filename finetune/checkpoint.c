@@ -99,16 +99,6 @@ static int pid_alive(long pid) {
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
-/* Last path component of `path` (trailing slashes ignored) into buf. */
-static void base_name(const char *path, char *buf, size_t cap) {
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') n--;
-    size_t b = n;
-    while (b > 0 && path[b - 1] != '/') b--;
-    size_t len = n - b < cap - 1 ? n - b : cap - 1;
-    memcpy(buf, path + b, len);
-    buf[len] = 0;
-}
 
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb;
@@ -350,7 +340,7 @@ static en_status verify_impl(const char *dir, int64_t *step_out, int check_crc, 
     int64_t step = (int64_t)json_integer_value(jstep);
     char base[256];
     int64_t name_step;
-    base_name(dir, base, sizeof base);
+    en_path_basename(dir, base, sizeof base);
     if (parse_step_name(base, &name_step) && name_step != step) {
         s = EN_ERR(err, EN_ERR_FORMAT,
                    "checkpoint %s: directory name says step %lld but " EN_CKPT_MANIFEST
