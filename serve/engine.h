@@ -131,7 +131,8 @@ typedef struct en_engine_stats {
     int running, waiting;
     int kv_blocks_used, kv_blocks_total, block_size;
     uint64_t steps;            /* forward steps run */
-    uint64_t prompt_tokens;    /* prompt tokens prefilled */
+    uint64_t prompt_tokens;    /* prompt tokens of admitted requests (recomputation after a
+                                  preemption not counted again) */
     uint64_t generated_tokens; /* tokens sampled */
     uint64_t requests_done, requests_cancelled;
     uint64_t preemptions;      /* running requests whose blocks were taken back */
