@@ -139,6 +139,18 @@ void *en_calloc(size_t count, size_t size) {
     return p;
 }
 
+char *en_strndup(const char *s, size_t n) {
+    if (!s) return NULL;
+    size_t len = strnlen(s, n);
+    char *d = en_malloc(len + 1);
+    if (!d) return NULL;
+    memcpy(d, s, len);
+    d[len] = '\0';
+    return d;
+}
+
+char *en_strdup(const char *s) { return s ? en_strndup(s, strlen(s)) : NULL; }
+
 void *en_realloc(void *p, size_t n) {
     if (!p) return en_malloc(n);
     if (n > SIZE_MAX - EN_MEM_HDR) return NULL;

@@ -95,6 +95,10 @@ void *en_malloc(size_t n);
 void *en_calloc(size_t count, size_t size);
 void *en_realloc(void *p, size_t n);
 void en_free_impl(void *p);
+/* A copy of a NUL-terminated string through en_malloc (NULL for NULL or on
+ * failure); en_strndup copies at most n bytes and always terminates. */
+char *en_strdup(const char *s);
+char *en_strndup(const char *s, size_t n);
 #define en_free(p) (en_free_impl(p), (p) = NULL)
 size_t en_mem_peak(void);    /* peak bytes handed out through en_malloc */
 size_t en_mem_current(void); /* live bytes */
