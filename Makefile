@@ -7,7 +7,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test test-fast test-asan demo clean
+.PHONY: all deps build test test-fast test-asan demo clean fuzz
 
 all: build
 
@@ -33,6 +33,11 @@ test-asan: deps
 	    ctest --output-on-failure -j $(JOBS)
 
 test: test-fast test-asan
+
+# Every fuzz target for FUZZ_SECONDS each (make test runs them for 20 s).
+FUZZ_SECONDS ?= 300
+fuzz: deps
+	bash tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 demo: build
 	@bash scripts/demo.sh $(BUILD)/energon
