@@ -22,6 +22,10 @@
  * unfinished UTF-8 sequence (at most 3 ids), and flush emits what is held
  * with U+FFFD for the broken tail, as en_tokenizer_decode does.
  *
+ * The same holds for tokenizer.json decoders (ByteLevel, Metaspace,
+ * ByteFallback + Fuse + Strip): bytes of one character may come from
+ * several ids, and only the first piece is stripped.
+ *
  * What it leaves out: models with a denormaliser that rewrites text across
  * token boundaries (none of the Llama-family tokenizers has one).
  */
@@ -42,34 +46,29 @@ struct en_detok {
     char *text;        /* last decode; returned pieces point into it */
 };
 
-/* The byte of a byte-fallback piece "<0xHH>", or -1 for any other piece.
- * A normal piece spelled like a byte only makes us hold back a little longer,
- * never emit too early, so matching on the spelling is safe. */
-static int piece_byte(const en_tokenizer *tok, int32_t id) {
-    const char *p = en_tokenizer_piece(tok, id);
-    if (!p || strlen(p) != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>') return -1;
-    int v = 0;
-    for (int i = 3; i < 5; i++) {
-        char c = p[i];
-        int d = (c >= '0' && c <= '9')   ? c - '0'
-                : (c >= 'A' && c <= 'F') ? c - 'A' + 10
-                : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-                                         : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-/* 1 when the trailing byte pieces of the pending ids could still grow into a
- * longer UTF-8 character: a lead byte in the last 3 ids followed only by
- * continuation bytes, and fewer bytes than its length. Only then can a later
- * id change the decode of what we already have. */
+/* 1 when the bytes of the pending ids end in an unfinished UTF-8 character:
+ * a lead byte among the last 3 bytes followed only by continuation bytes,
+ * fewer than its length. Only then can a later id change the decode of what
+ * we already have. The bytes come from en_tokenizer_token_bytes, which
+ * covers SentencePiece byte pieces ("<0xE2>") and byte-level vocabularies
+ * (a GPT-2-style piece may end halfway through a character). */
 static int tail_incomplete(const en_detok *d) {
-    size_t k_max = d->n_pending < 3 ? d->n_pending : 3;
-    for (size_t k = 1; k <= k_max; k++) {
-        int b = piece_byte(d->tok, d->ids[d->n_ids - k]);
-        if (b < 0x80) return 0;           /* not a byte, or ASCII */
+    unsigned char tail[4];
+    size_t n = 0; /* bytes gathered into tail, newest last */
+    for (size_t k = 1; k <= d->n_pending && n < 4; k++) {
+        char buf[256];
+        long len = en_tokenizer_token_bytes(d->tok, d->ids[d->n_ids - k], buf, sizeof buf);
+        if (len <= 0) continue;
+        if ((size_t)len > sizeof buf) return 0; /* a long piece: ends in text we cannot see */
+        for (long i = len - 1; i >= 0 && n < 4; i--) {
+            memmove(tail + 1, tail, n);
+            tail[0] = (unsigned char)buf[i];
+            n++;
+        }
+    }
+    for (size_t k = 1; k <= n && k <= 3; k++) {
+        unsigned char b = tail[n - k];
+        if (b < 0x80) return 0;           /* ASCII: complete */
         if ((b & 0xC0) == 0x80) continue; /* continuation: look further back */
         size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
         return b < 0xF8 && k < need;

@@ -1,7 +1,8 @@
 /*
- * tokenizer_spm.cpp - the C API of tokenizer.h over the SentencePiece C++
- * library: loading a model, encode/decode, special ids and piece lookups,
- * and the trainer.
+ * tokenizer_spm.cpp - the SentencePiece half of tokenizer.h: the private
+ * en_spm object (tokenizer_impl.h) that tokenizer.c dispatches to for a
+ * `tokenizer.model` (loading, encode/decode, special ids and piece lookups),
+ * and the trainer (en_tokenizer_train).
  *
  * This is the only C++ file in energon. Every entry point is extern "C" and
  * catches every exception, so no C++ type or exception reaches C callers;
@@ -14,6 +15,7 @@
  * before calling in.
  */
 #include "tokenizer.h"
+#include "tokenizer_impl.h"
 
 #include "../common/utf8.h"
 
@@ -33,7 +35,7 @@
 
 #include <unistd.h>
 
-struct en_tokenizer {
+struct en_spm {
     sentencepiece::SentencePieceProcessor sp;
     /* Cached at load time: the getters are then plain reads, which keeps them
      * thread-safe and cheap. */
@@ -176,22 +178,19 @@ class FileLines : public sentencepiece::SentenceIterator {
 
 extern "C" {
 
-en_status en_tokenizer_create(const char *model_path, en_tokenizer **out, en_err *err) {
-    if (!out) return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_create: out is NULL");
+en_status en_spm_create(const char *model_path, en_spm **out, en_err *err) {
     *out = nullptr;
-    if (!model_path || !*model_path)
-        return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_create: empty model path");
     return guarded(err, model_path, [&]() -> en_status {
         std::string bytes;
         EN_TRY(read_file(model_path, &bytes, err));
         if (bytes.empty())
             return EN_ERR(err, EN_ERR_FORMAT, "tokenizer model '%s' is empty", model_path);
 
-        void *mem = en_malloc(sizeof(en_tokenizer));
+        void *mem = en_malloc(sizeof(en_spm));
         if (!mem) return EN_ERR(err, EN_ERR_NOMEM, "loading '%s': out of memory", model_path);
-        en_tokenizer *tok;
+        en_spm *tok;
         try {
-            tok = new (mem) en_tokenizer();
+            tok = new (mem) en_spm();
         } catch (...) {
             en_free(mem);
             throw;
@@ -217,11 +216,11 @@ en_status en_tokenizer_create(const char *model_path, en_tokenizer **out, en_err
                 tok->pad = tok->sp.pad_id();
             }
         } catch (...) {
-            en_tokenizer_destroy(tok);
+            en_spm_destroy(tok);
             throw;
         }
         if (st != EN_OK) {
-            en_tokenizer_destroy(tok);
+            en_spm_destroy(tok);
             return st;
         }
         *out = tok;
@@ -229,26 +228,26 @@ en_status en_tokenizer_create(const char *model_path, en_tokenizer **out, en_err
     });
 }
 
-void en_tokenizer_destroy(en_tokenizer *tok) {
+void en_spm_destroy(en_spm *tok) {
     if (!tok) return;
-    tok->~en_tokenizer();
+    tok->~en_spm();
     en_free_impl(tok);
 }
 
-int32_t en_tokenizer_n_vocab(const en_tokenizer *tok) { return tok->n_vocab; }
-int32_t en_tokenizer_bos(const en_tokenizer *tok) { return tok->bos; }
-int32_t en_tokenizer_eos(const en_tokenizer *tok) { return tok->eos; }
-int32_t en_tokenizer_unk(const en_tokenizer *tok) { return tok->unk; }
-int32_t en_tokenizer_pad(const en_tokenizer *tok) { return tok->pad; }
+int32_t en_spm_n_vocab(const en_spm *tok) { return tok->n_vocab; }
+int32_t en_spm_bos(const en_spm *tok) { return tok->bos; }
+int32_t en_spm_eos(const en_spm *tok) { return tok->eos; }
+int32_t en_spm_unk(const en_spm *tok) { return tok->unk; }
+int32_t en_spm_pad(const en_spm *tok) { return tok->pad; }
 
-const char *en_tokenizer_piece(const en_tokenizer *tok, int32_t id) {
+const char *en_spm_piece(const en_spm *tok, int32_t id) {
     if (id < 0 || id >= tok->n_vocab) return nullptr;
     /* IdToPiece returns a reference into the loaded model: stable while tok
      * lives, and it does not throw for in-range ids. */
     return tok->sp.IdToPiece(id).c_str();
 }
 
-int32_t en_tokenizer_piece_id(const en_tokenizer *tok, const char *piece) {
+int32_t en_spm_piece_id(const en_spm *tok, const char *piece) {
     if (!piece) return -1;
     try {
         /* PieceToId answers unk_id for unknown strings: check the round trip. */
@@ -261,50 +260,42 @@ int32_t en_tokenizer_piece_id(const en_tokenizer *tok, const char *piece) {
     }
 }
 
-en_status en_tokenizer_encode(const en_tokenizer *tok, const char *text, size_t len, int add_bos,
-                              int32_t **ids, size_t *n_ids, en_err *err) {
-    if (!tok || !ids || !n_ids || (!text && len))
-        return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_encode: NULL argument");
+en_status en_spm_encode(const en_spm *tok, const char *text, size_t len, int32_t **ids,
+                        size_t **offsets, size_t *n_ids, en_err *err) {
     *ids = nullptr;
+    if (offsets) *offsets = nullptr;
     *n_ids = 0;
-    size_t bad = en_utf8_first_invalid((const unsigned char *)text, len);
-    if (bad < len)
-        return EN_ERR(err, EN_ERR_ARG,
-                      "invalid UTF-8 in the text to encode at byte offset %zu (byte 0x%02x)", bad,
-                      (unsigned)(unsigned char)text[bad]);
     return guarded(err, "encode", [&]() -> en_status {
-        std::vector<int> v;
-        auto s = tok->sp.Encode(std::string_view(len ? text : "", len), &v);
+        /* The immutable proto carries each piece's byte span in the input. */
+        sentencepiece::ImmutableSentencePieceText spt;
+        auto s = tok->sp.Encode(std::string_view(len ? text : "", len), spt.mutable_proto());
         if (!s.ok())
             return EN_ERR(err, status_from_spm(s), "encode: sentencepiece: %s",
                           spm_message(s).c_str());
-        size_t extra = (add_bos && tok->bos >= 0) ? 1 : 0;
-        size_t n = v.size() + extra;
+        size_t n = spt.pieces_size();
         int32_t *buf = (int32_t *)en_malloc((n ? n : 1) * sizeof(int32_t));
-        if (!buf) return EN_ERR(err, EN_ERR_NOMEM, "encode: out of memory for %zu ids", n);
-        if (extra) buf[0] = tok->bos;
-        for (size_t i = 0; i < v.size(); i++)
-            buf[extra + i] = (int32_t)v[i];
+        size_t *off = offsets ? (size_t *)en_malloc((n ? n : 1) * sizeof(size_t)) : nullptr;
+        if (!buf || (offsets && !off)) {
+            en_free(buf);
+            en_free(off);
+            return EN_ERR(err, EN_ERR_NOMEM, "encode: out of memory for %zu ids", n);
+        }
+        for (size_t i = 0; i < n; i++) {
+            auto p = spt.pieces((int)i);
+            buf[i] = (int32_t)p.id();
+            if (off) off[i] = p.begin() <= len ? p.begin() : len;
+        }
         *ids = buf;
+        if (offsets) *offsets = off;
         *n_ids = n;
         return EN_OK;
     });
 }
 
-en_status en_tokenizer_decode(const en_tokenizer *tok, const int32_t *ids, size_t n_ids,
-                              char **text, size_t *len, en_err *err) {
-    if (!tok || !text || (!ids && n_ids))
-        return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_decode: NULL argument");
+en_status en_spm_decode(const en_spm *tok, const int32_t *ids, size_t n_ids, char **text,
+                        size_t *len, en_err *err) {
     *text = nullptr;
     if (len) *len = 0;
-    /* Check ranges here: the library's own check differs between versions,
-     * and this names the position. */
-    for (size_t i = 0; i < n_ids; i++)
-        if (ids[i] < 0 || ids[i] >= tok->n_vocab)
-            return EN_ERR(err, EN_ERR_ARG,
-                          "token id %" PRId32 " at position %zu is out of range [0, %" PRId32
-                          ") for decode",
-                          ids[i], i, tok->n_vocab);
     return guarded(err, "decode", [&]() -> en_status {
         std::vector<int> v(ids, ids + n_ids);
         std::string out;
