@@ -35,6 +35,7 @@
  * model sees.
  */
 #include "chat.h"
+#include "chat_impl.h"
 
 #include <string.h>
 
@@ -87,15 +88,7 @@ const char *en_chat_template_end_of_turn(en_chat_template_id t) {
     return t == EN_CHAT_PLAIN ? "\n\n" : "";
 }
 
-/* ---- the render object ---- */
-
-struct en_chat_render {
-    char *text; /* all segment text back to back, NUL-terminated */
-    size_t len, cap;
-    en_chat_segment *segs; /* while building, segs[i].text holds the offset */
-    int n_segs, cap_segs;
-    int failed; /* an allocation failed while building */
-};
+/* ---- the render object (struct in chat_impl.h) ---- */
 
 void en_chat_render_destroy(en_chat_render *r) {
     if (!r) return;
@@ -115,10 +108,7 @@ const char *en_chat_render_text(const en_chat_render *r, size_t *len) {
     return r ? r->text : NULL;
 }
 
-/* Append n bytes of text with the given flags. Text joins the previous
- * segment when nothing (a bos/eos id or a change of train flag) separates
- * them. Errors are sticky in r->failed so that templates read straight. */
-static void emit(en_chat_render *r, const char *s, size_t n, int train, int bos_before,
+void en_chat_emit(en_chat_render *r, const char *s, size_t n, int train, int bos_before,
                  int eos_after) {
     if (r->failed || (n == 0 && !bos_before && !eos_after)) return;
     if (r->len + n + 1 > r->cap) {
@@ -161,7 +151,7 @@ static void emit(en_chat_render *r, const char *s, size_t n, int train, int bos_
 }
 
 static void emit_str(en_chat_render *r, const char *s, int train) {
-    emit(r, s, strlen(s), train, 0, 0);
+    en_chat_emit(r, s, strlen(s), train, 0, 0);
 }
 
 static int role_is(const en_chat_msg *m, const char *role) { return strcmp(m->role, role) == 0; }
@@ -214,7 +204,7 @@ static void render_llama2(en_chat_render *r, const en_chat_msg *msgs, int n) {
         if (role_is(m, "system")) {
             system = m->content; /* validate() made sure a user turn follows */
         } else if (role_is(m, "user")) {
-            emit(r, "[INST] ", 7, 0, 1, 0);
+            en_chat_emit(r, "[INST] ", 7, 0, 1, 0);
             if (system) {
                 emit_str(r, "<<SYS>>\n", 0);
                 emit_str(r, system, 0);
@@ -226,7 +216,7 @@ static void render_llama2(en_chat_render *r, const en_chat_msg *msgs, int n) {
         } else {
             emit_str(r, " ", 1);
             emit_str(r, m->content, 1);
-            emit(r, " ", 1, 1, 0, 1);
+            en_chat_emit(r, " ", 1, 1, 0, 1);
         }
     }
 }
@@ -249,22 +239,33 @@ en_status en_chat_render_create(en_chat_template_id t, const en_chat_msg *msgs, 
     if (!out) return EN_ERR(err, EN_ERR_ARG, "en_chat_render_create: out is NULL");
     *out = NULL;
     EN_TRY(validate(t, msgs, n_msgs, err));
-    en_chat_render *r = en_calloc(1, sizeof *r);
+    en_chat_render *r = en_chat_render_new();
     if (!r) return EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory");
+    switch (t) {
+    case EN_CHAT_PLAIN: render_plain(r, msgs, n_msgs, add_generation_prompt); break;
+    case EN_CHAT_LLAMA2: render_llama2(r, msgs, n_msgs); break;
+    case EN_CHAT_CHATML: render_chatml(r, msgs, n_msgs, add_generation_prompt); break;
+    }
+    return en_chat_render_finish(r, out, err);
+}
+
+en_chat_render *en_chat_render_new(void) {
+    en_chat_render *r = en_calloc(1, sizeof *r);
+    if (!r) return NULL;
     r->cap = 256; /* allocated even when the output is empty */
     r->text = en_malloc(r->cap);
     if (r->text)
         r->text[0] = 0;
     else
         r->failed = 1;
-    switch (t) {
-    case EN_CHAT_PLAIN: render_plain(r, msgs, n_msgs, add_generation_prompt); break;
-    case EN_CHAT_LLAMA2: render_llama2(r, msgs, n_msgs); break;
-    case EN_CHAT_CHATML: render_chatml(r, msgs, n_msgs, add_generation_prompt); break;
-    }
+    return r;
+}
+
+en_status en_chat_render_finish(en_chat_render *r, en_chat_render **out, en_err *err) {
     if (r->failed) {
+        size_t len = r->len;
         en_chat_render_destroy(r);
-        return EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory rendering %d messages", n_msgs);
+        return EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory rendering %zu bytes", len);
     }
     for (int i = 0; i < r->n_segs; i++)
         r->segs[i].text = r->text + (uintptr_t)r->segs[i].text;
@@ -320,6 +321,100 @@ static int push_ids(id_buf *b, const int32_t *ids, size_t n, int train) {
     return 1;
 }
 
+/* 1 when byte offset `at` of the render's text lies in a train segment. */
+static int trained_at(const en_chat_render *r, size_t at) {
+    for (int i = 0; i < r->n_segs; i++) {
+        size_t a = (size_t)(r->segs[i].text - r->text);
+        if (at >= a && at < a + r->segs[i].len) return r->segs[i].train;
+    }
+    return 0;
+}
+
+/* The next bos or eos text at or after `from` in text (SentencePiece models
+ * encode special tokens as text, so a Jinja render's "<s>" is found here).
+ * Returns its offset (len when none) and sets *id and *n. */
+static size_t next_special(const en_tokenizer *tok, const char *text, size_t len, size_t from,
+                           int32_t *id, size_t *n) {
+    size_t best = len;
+    const char *names[2] = {en_tokenizer_bos_text(tok), en_tokenizer_eos_text(tok)};
+    const int32_t ids[2] = {en_tokenizer_bos(tok), en_tokenizer_eos(tok)};
+    for (int k = 0; k < 2; k++) {
+        size_t m = strlen(names[k]);
+        if (!m || ids[k] < 0) continue;
+        const char *p = memmem(text + from, len - from, names[k], m);
+        if (p && (size_t)(p - text) < best) {
+            best = (size_t)(p - text);
+            *id = ids[k];
+            *n = m;
+        }
+    }
+    return best;
+}
+
+/* A SentencePiece encode of text with its bos/eos text as ids, with the
+ * offset of each id (see en_tokenizer_encode_offsets). */
+static en_status encode_spm_specials(const en_tokenizer *tok, const char *text, size_t len,
+                                     id_buf *b, size_t **offsets, en_err *err) {
+    size_t cap = 64, n_off = 0;
+    size_t *off = en_malloc(cap * sizeof *off);
+    size_t at = 0;
+    en_status st = off ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory");
+    while (st == EN_OK && at <= len) {
+        int32_t sid = -1;
+        size_t sn = 0;
+        size_t next = next_special(tok, text, len, at, &sid, &sn);
+        int32_t *seg = NULL;
+        size_t *so = NULL, n = 0;
+        if (next > at)
+            st = en_tokenizer_encode_offsets(tok, text + at, next - at, 0, &seg, &so, &n, err);
+        if (st == EN_OK && sid >= 0 && next < len) {
+            seg = en_realloc(seg, (n + 1) * sizeof *seg);
+            so = en_realloc(so, (n + 1) * sizeof *so);
+            if (seg && so) seg[n] = sid, so[n] = next - at, n++;
+        }
+        if (st == EN_OK && n && (!seg || !so || !push_ids(b, seg, n, 0)))
+            st = EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory");
+        if (st == EN_OK && n_off + n > cap) {
+            while (n_off + n > cap)
+                cap *= 2;
+            size_t *p = en_realloc(off, cap * sizeof *off);
+            if (p) off = p;
+            else st = EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory");
+        }
+        for (size_t i = 0; st == EN_OK && i < n; i++)
+            off[n_off++] = at + so[i];
+        en_free(seg);
+        en_free(so);
+        if (next >= len) break;
+        at = next + sn;
+    }
+    if (st != EN_OK) en_free(off);
+    *offsets = off;
+    return st;
+}
+
+/* A render whose special tokens are text (a Jinja template), encoded as
+ * transformers does: the whole text at once, no added special ids. */
+static en_status encode_textual(const en_chat_render *r, const en_tokenizer *tok, id_buf *b,
+                                en_err *err) {
+    size_t *off = NULL;
+    en_status st;
+    if (en_tokenizer_is_hf(tok)) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        st = en_tokenizer_encode_offsets(tok, r->text, r->len, 0, &ids, &off, &n, err);
+        if (st == EN_OK && !push_ids(b, ids, n, 0))
+            st = EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory tokenizing %zu bytes", r->len);
+        en_free(ids);
+    } else {
+        st = encode_spm_specials(tok, r->text, r->len, b, &off, err);
+    }
+    for (size_t i = 0; st == EN_OK && i < b->n; i++)
+        b->train[i] = (uint8_t)trained_at(r, off[i]);
+    en_free(off);
+    return st;
+}
+
 en_status en_chat_render_encode(const en_chat_render *r, const en_tokenizer *tok, int add_bos,
                                 int add_eos, int32_t **ids, uint8_t **train, size_t *n_ids,
                                 en_err *err) {
@@ -328,6 +423,22 @@ en_status en_chat_render_encode(const en_chat_render *r, const en_tokenizer *tok
     *ids = NULL;
     if (train) *train = NULL;
     *n_ids = 0;
+    if (r->textual) {
+        id_buf tb = {0};
+        en_status ts = encode_textual(r, tok, &tb, err);
+        if (ts != EN_OK) {
+            en_free(tb.ids);
+            en_free(tb.train);
+            return ts;
+        }
+        *ids = tb.ids;
+        if (train)
+            *train = tb.train;
+        else
+            en_free(tb.train);
+        *n_ids = tb.n;
+        return EN_OK;
+    }
     const int32_t bos = en_tokenizer_bos(tok), eos = en_tokenizer_eos(tok);
     const int dummy = adds_dummy_prefix(tok);
     id_buf b = {0};

@@ -8,19 +8,26 @@
  * sequences it was tuned on. Both should tokenize through
  * en_chat_render_encode, which is where the two agree.
  *
- * Templates (the literal formats are documented at the top of chat.c):
+ * A template (en_chat_template) is the model's own Jinja template
+ * (chat_template.jinja, or tokenizer_config.json's "chat_template"), run by
+ * the interpreter of jinja.h exactly as transformers' apply_chat_template
+ * runs it, or one of three built-ins for models without one (the literal
+ * formats are documented at the top of chat.c):
  *   plain  - energon's own "### Question:" / "### Answer:" format, for models
  *            trained from scratch without special tokens;
  *   llama2 - Meta's Llama 2 chat format ([INST] ... [/INST], <<SYS>>);
  *   chatml - <|im_start|>role ... <|im_end|>.
- * Left out: Jinja templates from tokenizer_config.json (we only guess which
- * of the above such a template is), tool calls, multimodal content.
+ * For a Jinja template the assistant spans (what fine-tuning trains on) are
+ * found by rendering: chat_template.c documents how. Left out: multimodal
+ * content (image parts are refused).
  */
 #ifndef EN_CHAT_H
 #define EN_CHAT_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <jansson.h>
 
 #include "../common/status.h"
 #include "tokenizer.h"
@@ -117,6 +124,12 @@ const char *en_chat_render_text(const en_chat_render *r, size_t *len);
  * say (skipped when the tokenizer has none). add_bos puts bos first unless
  * the first segment already asks for it; add_eos ends with eos unless the
  * last segment already does.
+ * A render of a Jinja template (whose special tokens are text) is encoded
+ * differently, as transformers does: the whole text at once without
+ * add_special_tokens (add_bos and add_eos are ignored: the template says
+ * where bos and eos go), and an id is trained when the text it came from
+ * starts inside a train segment; a SentencePiece tokenizer gets the bos and
+ * eos text turned into their ids.
  * One adjustment keeps segment-wise encoding equal to encoding the whole
  * text: SentencePiece models that add a "dummy prefix" space to every
  * encoded string would turn a later segment's leading space into two; so a
@@ -133,6 +146,73 @@ const char *en_chat_render_text(const en_chat_render *r, size_t *len);
 en_status en_chat_render_encode(const en_chat_render *r, const en_tokenizer *tok, int add_bos,
                                 int add_eos, int32_t **ids, uint8_t **train, size_t *n_ids,
                                 en_err *err);
+
+/* ---- template objects: the model's Jinja template or a built-in ---- */
+
+typedef struct en_chat_template en_chat_template;
+
+/* The template a model directory ships: `override_path` (a .jinja file)
+ * when not NULL, else DIR/chat_template.jinja, else tokenizer_config.json's
+ * "chat_template" (a string, or a list of {name, template} of which the one
+ * named "default" is used). tok (borrowed for the call) supplies bos_token
+ * and eos_token. When the model has none, *out is the built-in `fallback`
+ * template. Errors (EN_ERR_FORMAT / EN_ERR_IO): a template that does not
+ * parse ("FILE:LINE:COL: ..."), an unreadable override, an invalid
+ * tokenizer_config.json. On success *out is owned by the caller. The object
+ * is immutable; rendering is thread-safe. */
+en_status en_chat_template_load(const char *model_dir, const char *override_path,
+                                const en_tokenizer *tok, en_chat_template_id fallback,
+                                en_chat_template **out, en_err *err);
+
+/* A Jinja template from source text (name is used in messages). */
+en_status en_chat_template_from_jinja(const char *src, size_t len, const char *name,
+                                      const en_tokenizer *tok, en_chat_template **out,
+                                      en_err *err);
+
+/* A built-in template as an object. */
+en_status en_chat_template_builtin(en_chat_template_id id, en_chat_template **out, en_err *err);
+
+void en_chat_template_destroy(en_chat_template *t); /* NULL is a no-op */
+
+/* What the template is, for logs and run records: "plain", "chatml", or the
+ * file it came from ("models/x/chat_template.jinja"). Borrowed. */
+const char *en_chat_template_describe(const en_chat_template *t);
+/* 1 for a Jinja template, 0 for a built-in (whose id *id receives). */
+int en_chat_template_is_jinja(const en_chat_template *t, en_chat_template_id *id);
+/* The Jinja source (NULL for a built-in), e.g. to write it next to an
+ * exported model. Borrowed. */
+const char *en_chat_template_source(const en_chat_template *t);
+
+/* Render an OpenAI-style "messages" array (borrowed): objects with "role"
+ * and "content" (a string, or a list of {"type":"text","text":...} parts,
+ * which are joined; other part types are refused), and whatever else the
+ * template reads ("tool_calls", "reasoning_content", "name", ...). `extra`
+ * (an object or NULL, borrowed) adds variables: "tools", "documents",
+ * "enable_thinking", any keyword a template reads. For a Jinja template the
+ * render's text is exactly transformers' apply_chat_template(messages,
+ * tokenize=False, add_generation_prompt=...) with the same keywords, its
+ * special tokens are text, and when `train_spans` is set each assistant
+ * message's span (its turn as rendered after the assistant header,
+ * end-of-turn included) is a train segment. Errors (EN_ERR_ARG): a message
+ * that is not an object with a string role, a template error at run time
+ * ("FILE:LINE:COL: ..."), raise_exception ("FILE: template raised: MSG"), a
+ * runaway template (step or output budget). Thread-safe. */
+en_status en_chat_template_render(const en_chat_template *t, const json_t *messages,
+                                  const json_t *extra, int add_generation_prompt,
+                                  int train_spans, en_chat_render **out, en_err *err);
+
+/* The stop strings and end-of-turn text of the template (see
+ * en_chat_template_stop_strings and en_chat_template_end_of_turn). For a
+ * Jinja template both come from rendering a probe conversation: the text an
+ * assistant turn ends with ("<|im_end|>\n", "<|eot_id|>", "<end_of_turn>\n");
+ * its first line is the stop string. Borrowed, static for built-ins. */
+const char *const *en_chat_template_stops(const en_chat_template *t, int *n);
+const char *en_chat_template_eot(const en_chat_template *t);
+
+/* The token id that ends an assistant turn: the end-of-turn text's first
+ * line encoded by tok when that is exactly one special id (Llama 3's
+ * <|eot_id|>, ChatML's <|im_end|>, Gemma's <end_of_turn>), else -1. */
+int32_t en_chat_template_eot_id(const en_chat_template *t, const en_tokenizer *tok);
 
 #ifdef __cplusplus
 }
