@@ -204,15 +204,7 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
         }
     }
     if (o->need_tokenizer) {
-        char *tp = en_path_join(o->dir, "tokenizer.model");
-        if (!tp || !en_path_exists(tp)) {
-            en_cli_error(cmd, "%s: no tokenizer.model in the model directory", o->dir);
-            en_free(tp);
-            en_cli_unload(out);
-            return EN_EXIT_ERROR;
-        }
-        s = en_tokenizer_create(tp, &out->tok, &err);
-        en_free(tp);
+        s = en_tokenizer_load(o->dir, &out->tok, &err);
         if (s != EN_OK) {
             en_cli_error(cmd, "%s", err.msg);
             en_cli_unload(out);
@@ -222,8 +214,9 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
     if (out->tok) {
         const en_model_hparams *hp = en_model_get_hparams(out->model);
         if (en_tokenizer_n_vocab(out->tok) > hp->n_vocab) {
-            en_cli_error(cmd, "%s: tokenizer.model has %d pieces but the model's vocab_size is %d",
-                         o->dir, en_tokenizer_n_vocab(out->tok), hp->n_vocab);
+            en_cli_error(cmd, "%s has %d tokens but the model's vocab_size is %d",
+                         en_tokenizer_file(out->tok), en_tokenizer_n_vocab(out->tok),
+                         hp->n_vocab);
             en_cli_unload(out);
             return EN_EXIT_ERROR;
         }
@@ -241,24 +234,34 @@ void en_cli_unload(en_cli_model *cm) {
     memset(cm, 0, sizeof *cm);
 }
 
-en_chat_template_id en_cli_chat_template_for(const char *dir) {
-    en_chat_template_id id = EN_CHAT_PLAIN;
-    char *path = en_path_join(dir, "tokenizer_config.json");
-    json_t *j = path && en_path_exists(path) ? json_load_file(path, 0, NULL) : NULL;
-    en_free(path);
-    const json_t *t = json_object_get(j, "chat_template");
-    const char *s = json_string_value(t);
-    if (json_is_array(t)) {
-        for (size_t i = 0; i < json_array_size(t); i++) {
-            const json_t *it = json_array_get(t, i);
-            const char *name = json_string_value(json_object_get(it, "name"));
-            if (!s || (name && strcmp(name, "default") == 0))
-                s = json_string_value(json_object_get(it, "template"));
-        }
+int en_cli_chat_template(const char *cmd, const char *dir, const char *value,
+                         const en_tokenizer *tok, en_chat_template **out) {
+    en_err err = {0};
+    en_chat_template_id id;
+    en_status s;
+    size_t n = value ? strlen(value) : 0;
+    if (value && n > 6 && strcmp(value + n - 6, ".jinja") == 0)
+        s = en_chat_template_load(dir, value, tok, EN_CHAT_PLAIN, out, &err);
+    else if (value && en_chat_template_from_name(value, &id, &err) == EN_OK)
+        s = en_chat_template_builtin(id, out, &err);
+    else if (value) {
+        en_cli_error(cmd, "--chat-template: %s, or a file ending in .jinja", err.msg);
+        return EN_EXIT_USAGE;
+    } else
+        s = en_chat_template_load(dir, NULL, tok, EN_CHAT_PLAIN, out, &err);
+    if (s != EN_OK) {
+        en_cli_error(cmd, "%s%s", value ? "--chat-template: " : "", err.msg);
+        return EN_EXIT_ERROR;
     }
-    if (!en_chat_template_guess(s, &id)) id = EN_CHAT_PLAIN;
-    json_decref(j);
-    return id;
+    return EN_EXIT_OK;
+}
+
+int en_cli_template_stop_ids(const en_chat_template *t, const en_tokenizer *tok, int32_t *ids,
+                             int cap) {
+    int n = 0;
+    int32_t eot = t ? en_chat_template_eot_id(t, tok) : -1;
+    if (eot >= 0 && n < cap) ids[n++] = eot;
+    return n;
 }
 
 void en_cli_dir_basename(const char *dir, char *out, size_t cap) {

@@ -34,7 +34,7 @@ int en_cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 /* Print "energon CMD: message" to stderr. */
 void en_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* A loaded model: backend, weights and tokenizer (tokenizer.model in dir). */
+/* A loaded model: backend, weights and tokenizer (en_tokenizer_load). */
 typedef struct en_cli_model {
     en_backend *be;
     en_model *model;
@@ -66,12 +66,19 @@ void en_cli_unload(en_cli_model *cm);
 int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
                      int *bad);
 
-/* The chat template that DIR/tokenizer_config.json's "chat_template" looks
- * like (en_chat_template_guess): a string, or a list of {name, template}
- * where the one named "default" wins, else the first. EN_CHAT_PLAIN when the
- * file or the field is missing, unreadable or not a template we know: a
- * guess, so never an error. dir is borrowed. */
-en_chat_template_id en_cli_chat_template_for(const char *dir);
+/* The chat template of a command: --chat-template VALUE when given (a
+ * built-in name, or a FILE.jinja), else the model directory's own
+ * (chat_template.jinja or tokenizer_config.json), else the built-in plain.
+ * Prints the error (the file, line and column of a template that does not
+ * parse) and returns EN_EXIT_USAGE / EN_EXIT_ERROR; *out is owned by the
+ * caller (en_chat_template_destroy). */
+int en_cli_chat_template(const char *cmd, const char *dir, const char *value,
+                         const en_tokenizer *tok, en_chat_template **out);
+/* The ids besides the tokenizer's stop ids that end a chat answer: the
+ * template's end-of-turn token (en_chat_template_eot_id) when it has one.
+ * Returns how many were written to ids[0..cap). */
+int en_cli_template_stop_ids(const en_chat_template *t, const en_tokenizer *tok, int32_t *ids,
+                             int cap);
 
 /* The last path component of dir, without trailing slashes
  * ("models/hr-bot/" -> "hr-bot"), cut to fit out[cap] (cap >= 1); "energon"

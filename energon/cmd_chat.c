@@ -449,16 +449,23 @@ typedef struct local_server {
     en_cli_model cm;
     en_engine *engine;
     en_server *server;
+    en_chat_template *tmpl;
 } local_server;
 
-static int local_start(const en_cli_load_opts *lo, en_chat_template_id tmpl, local_server *ls,
+static int local_start(const en_cli_load_opts *lo, const char *tmpl_value, local_server *ls,
                        chat_client *c) {
     memset(ls, 0, sizeof *ls);
     int rc = en_cli_load(CMD, lo, &ls->cm);
     if (rc) return rc;
+    rc = en_cli_chat_template(CMD, lo->dir, tmpl_value, ls->cm.tok, &ls->tmpl);
+    if (rc) {
+        en_cli_unload(&ls->cm);
+        return rc;
+    }
     en_err err = {0};
     en_engine_config ec = en_engine_config_default();
     ec.max_batch = 4; /* one person typing: a small batch keeps the KV pool small */
+    ec.n_stop_ids = en_cli_template_stop_ids(ls->tmpl, ls->cm.tok, ec.stop_ids, 8);
     if (en_engine_create(ls->cm.model, ls->cm.tok, &ec, &ls->engine, &err) != EN_OK) {
         en_cli_error(CMD, "%s", err.msg);
         goto fail;
@@ -469,9 +476,8 @@ static int local_start(const en_cli_load_opts *lo, en_chat_template_id tmpl, loc
     sc.host = "127.0.0.1";
     sc.port = 0;
     sc.model_name = name;
-    sc.chat_template = tmpl;
     sc.log_requests = 0;
-    if (en_server_start(ls->engine, ls->cm.tok, &sc, &ls->server, &err) != EN_OK) {
+    if (en_server_start(ls->engine, ls->cm.tok, ls->tmpl, &sc, &ls->server, &err) != EN_OK) {
         en_cli_error(CMD, "%s", err.msg);
         goto fail;
     }
@@ -479,11 +485,13 @@ static int local_start(const en_cli_load_opts *lo, en_chat_template_id tmpl, loc
     if (!(c->model = str_dup(name))) goto fail;
     if (isatty(STDIN_FILENO))
         fprintf(stderr, "energon chat: serving %s in-process at %s (chat template %s)\n",
-                lo->dir, c->base, en_chat_template_name(tmpl));
+                lo->dir, c->base, en_chat_template_describe(ls->tmpl));
     return EN_EXIT_OK;
 fail:
     en_engine_destroy(ls->engine);
     ls->engine = NULL;
+    en_chat_template_destroy(ls->tmpl);
+    ls->tmpl = NULL;
     en_cli_unload(&ls->cm);
     return EN_EXIT_ERROR;
 }
@@ -491,6 +499,7 @@ fail:
 static void local_stop(local_server *ls) {
     if (ls->server) en_server_stop(ls->server, 1.0);
     if (ls->engine) en_engine_destroy(ls->engine);
+    en_chat_template_destroy(ls->tmpl);
     en_cli_unload(&ls->cm);
     memset(ls, 0, sizeof *ls);
 }
@@ -561,15 +570,10 @@ int en_cmd_chat(int argc, char **argv) {
         en_cli_error(CMD, "--url: '%s' is not a server address", url);
         return EN_EXIT_USAGE;
     }
-    en_chat_template_id tmpl = EN_CHAT_PLAIN;
-    if (tmpl_name) {
-        en_err err = {0};
-        if (en_chat_template_from_name(tmpl_name, &tmpl, &err) != EN_OK) {
-            en_cli_error(CMD, "--chat-template: %s", err.msg);
-            return EN_EXIT_USAGE;
-        }
-    } else if (!url) {
-        tmpl = en_cli_chat_template_for(lo.dir);
+    if (tmpl_name && url) {
+        en_cli_error(CMD, "--chat-template goes with --model (with --url the server renders "
+                          "with its own template)");
+        return EN_EXIT_USAGE;
     }
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
@@ -582,7 +586,7 @@ int en_cmd_chat(int argc, char **argv) {
         if (lo.dir && !(c.model = str_dup(lo.dir))) goto done;
     } else {
         lo.need_tokenizer = 1;
-        if ((rc = local_start(&lo, tmpl, &ls, &c)) != EN_EXIT_OK) goto done;
+        if ((rc = local_start(&lo, tmpl_name, &ls, &c)) != EN_EXIT_OK) goto done;
         rc = EN_EXIT_ERROR;
     }
     if (!(c.curl = curl_easy_init())) {

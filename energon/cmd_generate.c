@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "usage: energon generate --model DIR --prompt TEXT [options]\n"
             "\n"
             "Continue TEXT with the model in DIR (a Hugging Face directory with\n"
-            "tokenizer.model) and stream the continuation to stdout.\n"
+            "tokenizer.json or tokenizer.model) and stream the continuation to stdout.\n"
             "\n"
             "  --max-tokens N      tokens to generate (default 128)\n"
             "  --temperature T     0 = greedy and deterministic (default 1.0)\n"
@@ -32,10 +32,13 @@ static void usage(FILE *f) {
             "  --seed S            random seed (default 0)\n"
             "  --stop STR          stop before STR (repeatable, up to %d)\n"
             "  --ctx N             context size in tokens (default: model maximum, <= 4096)\n"
-            "  --no-bos            do not prepend the BOS token\n"
+            "  --no-bos            add no special tokens (by default: what the model's own\n"
+            "                      tokenizer adds, e.g. BOS for Llama, nothing for Qwen)\n"
             "  --chat              TEXT is a user message: render it with the chat template\n"
-            "                      (and its stop strings), as fine-tuning on chat/Q&A data does\n"
-            "  --chat-template T   plain | llama2 | chatml (default plain)\n"
+            "                      (and its stop tokens), as fine-tuning on chat/Q&A data does\n"
+            "  --chat-template T   FILE.jinja, or plain | llama2 | chatml (default: the\n"
+            "                      model's own chat_template.jinja / tokenizer_config.json,\n"
+            "                      else plain)\n"
             "  --system TEXT       system message for --chat\n"
             "  --ignore-eos        keep going past the end-of-sequence token\n"
             "  --json              print one JSON object {text, ids, prompt_tokens,\n"
@@ -88,7 +91,8 @@ int en_cmd_generate(int argc, char **argv) {
     int n_stops = 0, max_tokens = 128, n_ctx = 0, no_bos = 0, ignore_eos = 0, json_out = 0;
     int chat = 0;
     const char *system_msg = NULL;
-    en_chat_template_id tmpl = EN_CHAT_PLAIN;
+    const char *tmpl_value = NULL;
+    en_chat_template *tmpl = NULL;
     en_err err = {0};
     en_sampler_config sc = en_sampler_config_default();
     int bad = 0;
@@ -124,10 +128,7 @@ int en_cmd_generate(int argc, char **argv) {
         } else if (en_cli_flag(argc, argv, &i, "--system", &v, &bad)) {
             system_msg = v;
         } else if (en_cli_flag(argc, argv, &i, "--chat-template", &v, &bad)) {
-            if (!bad && en_chat_template_from_name(v, &tmpl, &err) != EN_OK) {
-                en_cli_error(CMD, "--chat-template: %s", err.msg);
-                bad = 1;
-            }
+            tmpl_value = v;
         } else if (en_cli_switch(argv, i, "--no-bos")) {
             no_bos = 1;
         } else if (en_cli_switch(argv, i, "--ignore-eos")) {
@@ -153,14 +154,30 @@ int en_cmd_generate(int argc, char **argv) {
         en_cli_error(CMD, "--system needs --chat");
         return EN_EXIT_USAGE;
     }
-    if (chat) { /* the template's stop strings, after the user's own */
-        int n_t = 0;
-        const char *const *ts = en_chat_template_stop_strings(tmpl, &n_t);
-        for (int i = 0; i < n_t && n_stops < MAX_STOPS; i++) stops[n_stops++] = ts[i];
+    if (tmpl_value && !chat) {
+        en_cli_error(CMD, "--chat-template needs --chat");
+        return EN_EXIT_USAGE;
     }
     en_cli_model cm;
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) return rc;
+    /* Ids that end the answer: eos, the model's eos_token_id list and, in a
+     * chat, the template's end-of-turn token. */
+    int32_t stop_ids[EN_TOKENIZER_MAX_STOP_IDS + 8];
+    const int32_t *tsi;
+    int n_stop_ids = en_tokenizer_stop_ids(cm.tok, &tsi);
+    memcpy(stop_ids, tsi, (size_t)n_stop_ids * sizeof *tsi);
+    if (chat) { /* the template's stop strings, after the user's own */
+        rc = en_cli_chat_template(CMD, lo.dir, tmpl_value, cm.tok, &tmpl);
+        if (rc) {
+            en_cli_unload(&cm);
+            return rc;
+        }
+        n_stop_ids += en_cli_template_stop_ids(tmpl, cm.tok, stop_ids + n_stop_ids, 8);
+        int n_t = 0;
+        const char *const *ts = en_chat_template_stops(tmpl, &n_t);
+        for (int i = 0; i < n_t && n_stops < MAX_STOPS; i++) stops[n_stops++] = ts[i];
+    }
     en_ctx *ctx = NULL;
     en_sampler *smp = NULL;
     en_detok *dt = NULL;
@@ -172,20 +189,24 @@ int en_cmd_generate(int argc, char **argv) {
     int n_gen = 0;
     const char *finish = "length";
     sink.to_buffer = json_out;
-    sink.strip_space = chat;
+    sink.strip_space = chat && en_tokenizer_decode_strips_space(cm.tok);
     rc = EN_EXIT_ERROR;
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
 
     if (chat) {
         /* Render and encode exactly as the fine-tuner does for chat data. */
-        en_chat_msg msgs[2];
-        int nm = 0;
-        if (system_msg) msgs[nm++] = (en_chat_msg){"system", system_msg};
-        msgs[nm++] = (en_chat_msg){"user", prompt};
+        json_t *msgs = json_array();
+        if (system_msg)
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content",
+                                                  system_msg));
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
         en_chat_render *r = NULL;
-        en_status cs = en_chat_render_create(tmpl, msgs, nm, 1, &r, &err);
-        if (cs == EN_OK) cs = en_chat_render_encode(r, cm.tok, !no_bos, 0, &ids, NULL, &n_prompt, &err);
+        en_status cs = en_chat_template_render(tmpl, msgs, NULL, 1, 0, &r, &err);
+        int add_bos = !no_bos && en_tokenizer_adds_bos(cm.tok);
+        if (cs == EN_OK)
+            cs = en_chat_render_encode(r, cm.tok, add_bos, 0, &ids, NULL, &n_prompt, &err);
         en_chat_render_destroy(r);
+        json_decref(msgs);
         if (cs != EN_OK) {
             en_cli_error(CMD, "--prompt: %s", err.msg);
             goto done;
@@ -247,12 +268,13 @@ int en_cmd_generate(int argc, char **argv) {
         goto done;
     }
     double t_prefill = en_time_now() - t0;
-    int eos = en_tokenizer_eos(cm.tok);
     double t1 = en_time_now();
     for (n_gen = 0; n_gen < max_tokens;) {
         int32_t id = en_sampler_sample(smp, logits);
         en_sampler_accept(smp, id);
-        if (id == eos && !ignore_eos) {
+        int is_stop = 0;
+        for (int k = 0; k < n_stop_ids; k++) is_stop |= stop_ids[k] == id;
+        if (is_stop && !ignore_eos) {
             finish = "stop";
             break;
         }
@@ -326,6 +348,7 @@ done:
     en_detok_destroy(dt);
     en_sampler_destroy(smp);
     en_ctx_destroy(ctx);
+    en_chat_template_destroy(tmpl);
     en_cli_unload(&cm);
     return rc;
 }

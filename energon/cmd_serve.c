@@ -154,22 +154,12 @@ int en_cmd_serve(int argc, char **argv) {
         en_cli_error(CMD, "--api-key: the key is empty");
         return EN_EXIT_USAGE;
     }
-    en_chat_template_id tmpl = EN_CHAT_PLAIN;
-    if (tmpl_name) {
-        if (en_chat_template_from_name(tmpl_name, &tmpl, &err) != EN_OK) {
-            en_cli_error(CMD, "--chat-template: %s", err.msg);
-            return EN_EXIT_USAGE;
-        }
-    } else {
-        tmpl = en_cli_chat_template_for(lo.dir);
-    }
     char name_buf[256];
     en_cli_dir_basename(lo.dir, name_buf, sizeof name_buf);
     char *key_buf = NULL;
     if (api_key_file && !(key_buf = read_key_file(api_key_file))) return EN_EXIT_USAGE;
     sc.api_key = key_buf ? key_buf : api_key;
     sc.model_name = model_name ? model_name : name_buf;
-    sc.chat_template = tmpl;
     sc.log_requests = !quiet;
     if (max_body) sc.max_body_bytes = (size_t)max_body;
 
@@ -187,14 +177,17 @@ int en_cmd_serve(int argc, char **argv) {
     en_server *srv = NULL;
     en_engine *eng = NULL;
     en_cli_model cm;
+    en_chat_template *tmpl = NULL;
     int loaded = 0;
-    if (en_server_start(NULL, NULL, &sc, &srv, &err) != EN_OK) {
+    /* Bind first, so that a taken port fails at once; requests get 503
+     * until the model is in. "listening" is printed once it is. */
+    if (en_server_start(NULL, NULL, NULL, &sc, &srv, &err) != EN_OK) {
         en_cli_error(CMD, "%s", err.msg);
         goto done;
     }
     int v6 = strchr(sc.host, ':') != NULL;
-    fprintf(stderr, "energon serve: listening on http://%s%s%s:%d (model %s)\n", v6 ? "[" : "",
-            sc.host, v6 ? "]" : "", en_server_port(srv), sc.model_name);
+    fprintf(stderr, "energon serve: bound to %s%s%s:%d; loading %s\n", v6 ? "[" : "", sc.host,
+            v6 ? "]" : "", en_server_port(srv), lo.dir);
     if (!sc.api_key && strcmp(sc.host, "127.0.0.1") != 0 && strcmp(sc.host, "localhost") != 0 &&
         strcmp(sc.host, "::1") != 0)
         fprintf(stderr, "energon serve: warning: listening beyond this machine without "
@@ -204,17 +197,22 @@ int en_cmd_serve(int argc, char **argv) {
     rc = en_cli_load(CMD, &lo, &cm);
     if (rc) goto done;
     loaded = 1;
+    rc = en_cli_chat_template(CMD, lo.dir, tmpl_name, cm.tok, &tmpl);
+    if (rc) goto done;
     rc = EN_EXIT_ERROR;
+    ec.n_stop_ids = en_cli_template_stop_ids(tmpl, cm.tok, ec.stop_ids, 8);
     if (en_engine_create(cm.model, cm.tok, &ec, &eng, &err) != EN_OK) {
         en_cli_error(CMD, "%s", err.msg);
         goto done;
     }
-    en_server_set_engine(srv, eng, cm.tok);
+    en_server_set_engine(srv, eng, cm.tok, tmpl);
     const en_engine_config *got = en_engine_get_config(eng);
-    fprintf(stderr, "energon serve: ready: context %d tokens, batch %d, KV cache %d tokens "
-                    "(%d-token blocks), chat template %s\n",
+    fprintf(stderr, "energon serve: listening on http://%s%s%s:%d (model %s): context %d "
+                    "tokens, batch %d, KV cache %d tokens (%d-token blocks), tokenizer %s, chat "
+                    "template %s\n",
+            v6 ? "[" : "", sc.host, v6 ? "]" : "", en_server_port(srv), sc.model_name,
             en_engine_n_ctx(eng), got->max_batch, got->kv_cache_tokens, got->block_size,
-            en_chat_template_name(tmpl));
+            en_tokenizer_file(cm.tok), en_chat_template_describe(tmpl));
 
     int sig = 0;
     while (sigwait(&stop_set, &sig) != 0) {
@@ -226,6 +224,7 @@ done:
     /* The server goes first: it borrows the engine and the tokenizer. */
     en_server_stop(srv, grace);
     if (eng) en_engine_destroy(eng);
+    en_chat_template_destroy(tmpl);
     if (loaded) en_cli_unload(&cm);
     en_free(key_buf);
     if (rc == EN_EXIT_OK) fprintf(stderr, "energon serve: stopped\n");

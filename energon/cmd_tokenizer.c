@@ -1,12 +1,16 @@
 /*
  * cmd_tokenizer.c - `energon tokenizer`: train a SentencePiece model, encode
- * a text to ids and decode ids to text, through tokenizer.h.
+ * a text to ids and decode ids to text with either kind of tokenizer
+ * (tokenizer.json or tokenizer.model), and render a conversation with the
+ * model's chat template, through tokenizer.h and chat.h.
  *
  *   energon tokenizer train --data FILE [--data FILE...] --vocab-size N --out PATH
  *                           [--model-type bpe|unigram] [--threads N]
  *                           [--character-coverage F] [--no-byte-fallback]
  *   energon tokenizer encode --model PATH --text TEXT [--bos]
  *   energon tokenizer decode --model PATH --ids "1 2 3"
+ *   energon tokenizer render --model DIR --messages FILE.json
+ *                            [--add-generation-prompt] [--chat-template T]
  *
  * Exit codes: 0 success, 1 a failure while doing the work (unreadable model,
  * training error), 2 bad arguments (the message names the flag). Options
@@ -14,7 +18,12 @@
  * main.c dispatches here with argv[0] == "tokenizer".
  */
 #include "../common/status.h"
+#include "../tokenizer/chat.h"
 #include "../tokenizer/tokenizer.h"
+#include "../common/file.h"
+#include "../common/json.h"
+
+#include <sys/stat.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -31,6 +40,7 @@ static const char usage_text[] =
     "  train    train a SentencePiece model on text files\n"
     "  encode   print the token ids of a text\n"
     "  decode   print the text of token ids\n"
+    "  render   print a conversation as the model's chat template renders it\n"
     "\n"
     "energon tokenizer train --data FILE [--data FILE ...] --vocab-size N --out PATH\n"
     "                        [--model-type bpe|unigram] [--threads N]\n"
@@ -47,10 +57,22 @@ static const char usage_text[] =
     "  --no-byte-fallback      map unseen characters to <unk> instead of bytes\n"
     "\n"
     "energon tokenizer encode --model PATH --text TEXT [--bos]\n"
-    "  prints the ids separated by spaces; --bos prepends the bos id\n"
+    "  prints the ids separated by spaces. PATH is a model directory (its\n"
+    "  tokenizer.json, else tokenizer.model), a tokenizer.json or a .model file;\n"
+    "  --bos adds the special tokens the model's own tokenizer adds (BOS for\n"
+    "  Llama, nothing for Qwen or SmolLM2)\n"
     "\n"
     "energon tokenizer decode --model PATH --ids \"ID ID ...\"\n"
-    "  prints the decoded text; ids are separated by spaces or commas\n";
+    "  prints the decoded text (special tokens skipped); ids are separated by\n"
+    "  spaces or commas\n"
+    "\n"
+    "energon tokenizer render --model DIR --messages FILE.json\n"
+    "                         [--add-generation-prompt] [--chat-template T]\n"
+    "  prints the prompt DIR's chat template (chat_template.jinja or\n"
+    "  tokenizer_config.json; T: a FILE.jinja or plain|llama2|chatml instead)\n"
+    "  makes of the messages in FILE.json: an array of {\"role\", \"content\", ...},\n"
+    "  or an object {\"messages\": [...], \"tools\": [...], ...} whose other keys\n"
+    "  are template variables (e.g. \"enable_thinking\": false)\n";
 
 static int usage_error(const char *cmd, const char *fmt, const char *what) {
     fprintf(stderr, "energon tokenizer%s%s: ", cmd ? " " : "", cmd ? cmd : "");
@@ -64,7 +86,8 @@ typedef struct opts {
     const char *data[MAX_DATA];
     int n_data;
     const char *vocab_size, *out, *model_type, *threads, *coverage, *model, *text, *ids;
-    int no_byte_fallback, bos;
+    const char *messages, *chat_template;
+    int no_byte_fallback, bos, gen_prompt;
 } opts;
 
 typedef struct opt_spec {
@@ -81,7 +104,10 @@ static const opt_spec specs[] = {
     {"--threads", 1, "t"},
     {"--character-coverage", 1, "t"},
     {"--no-byte-fallback", 0, "t"},
-    {"--model", 1, "ed"},
+    {"--model", 1, "edr"},
+    {"--messages", 1, "r"},
+    {"--chat-template", 1, "r"},
+    {"--add-generation-prompt", 0, "r"},
     {"--text", 1, "e"},
     {"--ids", 1, "d"},
     {"--bos", 0, "e"},
@@ -103,6 +129,10 @@ static int set_opt(opts *o, const char *cmd, const char *name, const char *value
         o->bos = 1;
         return 0;
     }
+    if (strcmp(name, "--add-generation-prompt") == 0) {
+        o->gen_prompt = 1;
+        return 0;
+    }
     if (strcmp(name, "--vocab-size") == 0)
         slot = &o->vocab_size;
     else if (strcmp(name, "--out") == 0)
@@ -119,6 +149,10 @@ static int set_opt(opts *o, const char *cmd, const char *name, const char *value
         slot = &o->text;
     else if (strcmp(name, "--ids") == 0)
         slot = &o->ids;
+    else if (strcmp(name, "--messages") == 0)
+        slot = &o->messages;
+    else if (strcmp(name, "--chat-template") == 0)
+        slot = &o->chat_template;
     if (!slot) return usage_error(cmd, "unknown option '%s'", name);
     if (*slot) return usage_error(cmd, "option '%s' is given more than once", name);
     *slot = value;
@@ -329,6 +363,78 @@ static int cmd_decode(const opts *o) {
     return 0;
 }
 
+/* The messages file: an array, or an object with "messages" and the
+ * template's other variables. *msgs and *extra are new references. */
+static int read_messages(const char *path, json_t **msgs, json_t **extra) {
+    json_t *root = NULL;
+    en_err err;
+    *msgs = *extra = NULL;
+    if (en_json_load_file(path, &root, &err) != EN_OK) {
+        fprintf(stderr, "energon tokenizer render: --messages: %s\n", err.msg);
+        return 1;
+    }
+    if (json_is_array(root)) {
+        *msgs = root;
+        return 0;
+    }
+    json_t *m = json_object_get(root, "messages");
+    if (!json_is_array(m)) {
+        fprintf(stderr, "energon tokenizer render: --messages: %s: expected an array of "
+                        "messages or an object with a \"messages\" array\n", path);
+        json_decref(root);
+        return 1;
+    }
+    *msgs = json_incref(m);
+    json_object_del(root, "messages");
+    *extra = root;
+    return 0;
+}
+
+static int cmd_render(const opts *o) {
+    const char *cmd = "render";
+    if (!o->model) return usage_error(cmd, "missing %s", "--model DIR");
+    if (!o->messages) return usage_error(cmd, "missing %s", "--messages FILE.json");
+    struct stat st;
+    if (stat(o->model, &st) != 0 || !S_ISDIR(st.st_mode))
+        return usage_error(cmd, "--model: '%s' is not a model directory", o->model);
+    json_t *msgs, *extra;
+    if (read_messages(o->messages, &msgs, &extra)) return 1;
+    en_tokenizer *tok = NULL;
+    en_chat_template *t = NULL;
+    en_chat_render *r = NULL;
+    en_err err;
+    int rc = 1;
+    if (load_model(cmd, o->model, &tok)) goto done;
+    en_chat_template_id id;
+    size_t n = o->chat_template ? strlen(o->chat_template) : 0;
+    en_status s;
+    if (o->chat_template && !(n > 6 && strcmp(o->chat_template + n - 6, ".jinja") == 0)) {
+        if (en_chat_template_from_name(o->chat_template, &id, &err) != EN_OK) {
+            rc = usage_error(cmd, "--chat-template: %s", err.msg);
+            goto done;
+        }
+        s = en_chat_template_builtin(id, &t, &err);
+    } else {
+        s = en_chat_template_load(o->model, o->chat_template, tok, EN_CHAT_PLAIN, &t, &err);
+    }
+    if (s == EN_OK) s = en_chat_template_render(t, msgs, extra, o->gen_prompt, 0, &r, &err);
+    if (s != EN_OK) {
+        fprintf(stderr, "energon tokenizer render: %s\n", err.msg);
+        goto done;
+    }
+    size_t len;
+    const char *text = en_chat_render_text(r, &len);
+    fwrite(text, 1, len, stdout);
+    rc = 0;
+done:
+    en_chat_render_destroy(r);
+    en_chat_template_destroy(t);
+    en_tokenizer_destroy(tok);
+    json_decref(msgs);
+    json_decref(extra);
+    return rc;
+}
+
 int en_cmd_tokenizer(int argc, char **argv);
 
 int en_cmd_tokenizer(int argc, char **argv) {
@@ -348,8 +454,11 @@ int en_cmd_tokenizer(int argc, char **argv) {
         run = cmd_encode;
     else if (strcmp(sub, "decode") == 0)
         run = cmd_decode;
+    else if (strcmp(sub, "render") == 0)
+        run = cmd_render;
     else
-        return usage_error(NULL, "unknown command '%s' (expected train, encode or decode)", sub);
+        return usage_error(NULL, "unknown command '%s' (expected train, encode, decode or render)",
+                           sub);
     opts o;
     int rc = parse_opts(argc, argv, 2, sub, &o);
     if (rc == 1) return 0; /* --help */

@@ -68,7 +68,9 @@ struct en_engine {
     en_model *m;
     const en_tokenizer *tok;
     en_engine_config cfg;
-    int n_vocab, eos;
+    int n_vocab;
+    int32_t stop_ids[EN_TOKENIZER_MAX_STOP_IDS + 8]; /* eos and the other ids that end */
+    int n_stop_ids;
     en_kv_pool *kv;
     en_batch *batch;
     pthread_t thread;
@@ -357,6 +359,14 @@ static int top_k_ids(const float *lp, int V, int k, int32_t *ids, float *vals) {
 
 /* A sampled token: events, text, stop conditions. Returns 1 when the
  * request is finished (and has been finished). */
+
+/* 1 when id ends an answer: eos or another of the model's stop ids. */
+static int is_stop_id(const en_engine *e, int32_t id) {
+    for (int i = 0; i < e->n_stop_ids; i++)
+        if (e->stop_ids[i] == id) return 1;
+    return 0;
+}
+
 static int on_token(en_engine *e, en_request *r, float *logits) {
     en_gen_event ev = {0};
     ev.kind = EN_EV_TOKEN;
@@ -373,7 +383,7 @@ static int on_token(en_engine *e, en_request *r, float *logits) {
     pthread_mutex_unlock(&e->mu);
     if (r->t_first == 0) r->t_first = t;
     r->t_last = t;
-    if (id == e->eos && !r->p.ignore_eos) {
+    if (is_stop_id(e, id) && !r->p.ignore_eos) {
         finish(e, r, "eos", 1);
         return 1;
     }
@@ -657,7 +667,12 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
     e->m = m;
     e->tok = tok;
     e->n_vocab = hp->n_vocab;
-    e->eos = en_tokenizer_eos(tok);
+    const int32_t *tsi;
+    int n_tsi = en_tokenizer_stop_ids(tok, &tsi);
+    for (int i = 0; i < n_tsi; i++) e->stop_ids[e->n_stop_ids++] = tsi[i];
+    for (int i = 0; i < c.n_stop_ids && i < 8; i++)
+        if (c.stop_ids[i] >= 0 && c.stop_ids[i] < hp->n_vocab)
+            e->stop_ids[e->n_stop_ids++] = c.stop_ids[i];
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     int n_blocks = (c.kv_cache_tokens + c.block_size - 1) / c.block_size;

@@ -42,6 +42,11 @@ typedef struct en_engine_config {
     int block_size;      /* tokens per KV block (default 16) */
     int max_queue;       /* waiting requests beyond which submit says EN_ERR_BUSY (default 256) */
     int prefill_chunk;   /* prompt tokens per step, summed over requests (default 256) */
+    /* Ids that end an answer besides the tokenizer's (en_tokenizer_stop_ids:
+     * eos, generation_config.json's eos_token_id list), e.g. the chat
+     * template's end-of-turn token; copied, at most EN_MAX_STOP_IDS in all. */
+    int32_t stop_ids[8];
+    int n_stop_ids;
 } en_engine_config;
 en_engine_config en_engine_config_default(void);
 

@@ -46,10 +46,10 @@ int oa_get_str(const json_t *o, const char *key, const char *param, const char *
 json_t *oa_parse_body(const char *body, size_t len, oa_err *e);
 
 /* ---- token strings for logprobs and /detokenize ----
- * The text of one token as it reads inside a longer text: the piece with
- * SentencePiece's "▁" turned into a space and "<0xHH>" into that byte.
- * Writes raw bytes (possibly a broken UTF-8 sequence for byte pieces) to buf
- * and returns the length (at most cap). */
+ * The text of one token as it reads inside a longer text
+ * (en_tokenizer_token_bytes: SentencePiece's "▁" a space, "<0xHH>" that
+ * byte, byte-level pieces their bytes). Writes raw bytes (possibly a broken
+ * UTF-8 sequence) to buf and returns the length (at most cap). */
 size_t oa_token_bytes(const en_tokenizer *tok, int32_t id, char *buf, size_t cap);
 /* A JSON string of bytes, with any invalid UTF-8 replaced by U+FFFD. */
 json_t *oa_json_string_lossy(const char *s, size_t len);
@@ -94,6 +94,9 @@ typedef struct http_req {
 
 /* The engine and tokenizer, or 0 while the model is loading. */
 int srv_get_engine(en_server *s, en_engine **e, const en_tokenizer **tok);
+/* The same and the chat template. */
+int srv_get_model(en_server *s, en_engine **e, const en_tokenizer **tok,
+                  const en_chat_template **tmpl);
 const en_server_config *srv_config(const en_server *s);
 int64_t srv_created(const en_server *s); /* unix time the server started */
 /* A new request may start (0 while shutting down). */

@@ -123,35 +123,9 @@ json_t *oa_parse_body(const char *body, size_t len, oa_err *e) {
 
 /* ---- token strings ---- */
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-}
-
 size_t oa_token_bytes(const en_tokenizer *tok, int32_t id, char *buf, size_t cap) {
-    const char *p = en_tokenizer_piece(tok, id);
-    if (!p || cap == 0) return 0;
-    size_t n = strlen(p);
-    /* Byte-fallback pieces stand for one raw byte. */
-    if (n == 6 && p[0] == '<' && p[1] == '0' && p[2] == 'x' && p[5] == '>' && hexval(p[3]) >= 0 &&
-        hexval(p[4]) >= 0) {
-        buf[0] = (char)(hexval(p[3]) * 16 + hexval(p[4]));
-        return 1;
-    }
-    size_t o = 0;
-    for (size_t i = 0; i < n && o < cap;) {
-        /* U+2581 LOWER ONE EIGHTH BLOCK is SentencePiece's space. */
-        if (i + 2 < n && (unsigned char)p[i] == 0xE2 && (unsigned char)p[i + 1] == 0x96 &&
-            (unsigned char)p[i + 2] == 0x81) {
-            buf[o++] = ' ';
-            i += 3;
-        } else {
-            buf[o++] = p[i++];
-        }
-    }
-    return o;
+    long n = cap ? en_tokenizer_token_bytes(tok, id, buf, cap) : 0;
+    return n <= 0 ? 0 : (size_t)n < cap ? (size_t)n : cap;
 }
 
 json_t *oa_json_string_lossy(const char *s, size_t len) {

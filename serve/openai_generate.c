@@ -178,64 +178,110 @@ static int content_parts(const json_t *c, int i, char **owned, oa_err *e) {
     return 0;
 }
 
-/* messages -> rendered prompt ids (en_malloc'd). */
-static int chat_prompt(const json_t *j, en_chat_template_id tmpl, const en_tokenizer *tok,
+/* One message of the request, checked, as the template will see it: a
+ * shallow copy whose content is a string (text parts joined). Built-in
+ * templates know system, user and assistant only; a Jinja template gets
+ * any role (tool, ...) and the other fields (tool_calls, name, ...). */
+static json_t *chat_message(const json_t *msg, int i, int builtin, oa_err *e) {
+    char p[64];
+    snprintf(p, sizeof p, "messages[%d]", i);
+    if (!json_is_object(msg)) {
+        oa_fail(e, 400, NULL, p, "%s must be an object", p);
+        return NULL;
+    }
+    const json_t *role = json_object_get(msg, "role");
+    snprintf(p, sizeof p, "messages[%d].role", i);
+    if (!json_is_string(role)) {
+        oa_fail(e, 400, NULL, p, "%s must be a string", p);
+        return NULL;
+    }
+    const char *rs = json_string_value(role);
+    if (builtin && strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
+        oa_fail(e, 400, NULL, p, "%s '%s' is not supported (use system, user or assistant)", p,
+                rs);
+        return NULL;
+    }
+    const json_t *c = json_object_get(msg, "content");
+    snprintf(p, sizeof p, "messages[%d].content", i);
+    json_t *content = NULL;
+    if (json_is_string(c)) {
+        content = json_incref((json_t *)c);
+    } else if (json_is_array(c)) {
+        char *joined = NULL;
+        if (content_parts(c, i, &joined, e)) return NULL;
+        content = json_string(joined);
+        en_free(joined);
+    } else if ((!c || json_is_null(c)) && (strcmp(rs, "assistant") == 0 || !builtin)) {
+        /* an assistant turn that only called tools; Jinja templates see null */
+        content = builtin ? json_string("") : json_null();
+    } else {
+        oa_fail(e, 400, NULL, p, "%s must be a string or an array of text parts", p);
+        return NULL;
+    }
+    json_t *copy = json_copy((json_t *)msg);
+    if (!content || !copy || json_object_set_new(copy, "content", content) != 0) {
+        json_decref(copy);
+        oa_fail(e, 500, NULL, NULL, "out of memory");
+        return NULL;
+    }
+    return copy;
+}
+
+/* The template's extra variables: "tools" and "documents" from the request,
+ * and the keys of "chat_template_kwargs" (e.g. {"enable_thinking": false}),
+ * the field vLLM and llama.cpp's server take for them. */
+static json_t *chat_extra(const json_t *j, oa_err *e) {
+    json_t *extra = json_object();
+    const char *keys[2] = {"tools", "documents"};
+    for (int k = 0; extra && k < 2; k++) {
+        const json_t *v = json_object_get(j, keys[k]);
+        if (v && !json_is_null(v) && !json_is_array(v)) {
+            json_decref(extra);
+            oa_fail(e, 400, NULL, keys[k], "%s must be an array", keys[k]);
+            return NULL;
+        }
+        if (v && !json_is_null(v)) json_object_set(extra, keys[k], (json_t *)v);
+    }
+    const json_t *kw = json_object_get(j, "chat_template_kwargs");
+    if (kw && !json_is_null(kw) && !json_is_object(kw)) {
+        json_decref(extra);
+        oa_fail(e, 400, NULL, "chat_template_kwargs", "chat_template_kwargs must be an object");
+        return NULL;
+    }
+    if (extra && json_is_object(kw)) json_object_update(extra, (json_t *)kw);
+    if (!extra) oa_fail(e, 500, NULL, NULL, "out of memory");
+    return extra;
+}
+
+/* messages -> rendered prompt ids (en_malloc'd), with the model's template.
+ * A template error (it raised, or refused the conversation) is a 400 that
+ * quotes it. */
+static int chat_prompt(const json_t *j, const en_chat_template *tmpl, const en_tokenizer *tok,
                        int32_t **ids, size_t *n_ids, oa_err *e) {
     const json_t *m = json_object_get(j, "messages");
     if (!m || json_is_null(m))
         return oa_fail(e, 400, NULL, "messages", "messages is required");
     if (!json_is_array(m) || json_array_size(m) == 0)
         return oa_fail(e, 400, NULL, "messages", "messages must be a non-empty array");
-    int n = (int)json_array_size(m);
-    en_chat_msg *msgs = en_calloc((size_t)n, sizeof *msgs);
-    char **owned = en_calloc((size_t)n, sizeof *owned);
-    int rc = -1;
+    int builtin = !en_chat_template_is_jinja(tmpl, NULL);
+    json_t *msgs = json_array(), *extra = NULL;
     en_chat_render *rd = NULL;
-    if (!msgs || !owned) {
-        oa_fail(e, 500, NULL, NULL, "out of memory");
-        goto done;
+    int rc = -1;
+    if (!msgs) return oa_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < json_array_size(m); i++) {
+        json_t *one = chat_message(json_array_get(m, i), (int)i, builtin, e);
+        if (!one) goto done;
+        json_array_append_new(msgs, one);
     }
-    for (int i = 0; i < n; i++) {
-        const json_t *msg = json_array_get(m, (size_t)i);
-        char p[64];
-        snprintf(p, sizeof p, "messages[%d]", i);
-        if (!json_is_object(msg)) {
-            oa_fail(e, 400, NULL, p, "%s must be an object", p);
-            goto done;
-        }
-        const json_t *role = json_object_get(msg, "role");
-        snprintf(p, sizeof p, "messages[%d].role", i);
-        if (!json_is_string(role)) {
-            oa_fail(e, 400, NULL, p, "%s must be a string", p);
-            goto done;
-        }
-        const char *rs = json_string_value(role);
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-            oa_fail(e, 400, NULL, p, "%s '%s' is not supported (use system, user or assistant)",
-                    p, rs);
-            goto done;
-        }
-        msgs[i].role = rs;
-        const json_t *c = json_object_get(msg, "content");
-        snprintf(p, sizeof p, "messages[%d].content", i);
-        if (json_is_string(c)) {
-            msgs[i].content = json_string_value(c);
-        } else if (json_is_array(c)) {
-            if (content_parts(c, i, &owned[i], e)) goto done;
-            msgs[i].content = owned[i];
-        } else if ((!c || json_is_null(c)) && strcmp(rs, "assistant") == 0) {
-            msgs[i].content = ""; /* an assistant turn that only called tools */
-        } else {
-            oa_fail(e, 400, NULL, p, "%s must be a string or an array of text parts", p);
-            goto done;
-        }
-    }
+    if (!(extra = chat_extra(j, e))) goto done;
     en_err err = {0};
-    if (en_chat_render_create(tmpl, msgs, n, 1, &rd, &err) != EN_OK) {
-        oa_fail(e, 400, NULL, "messages", "messages: %s", err.msg);
+    if (en_chat_template_render(tmpl, msgs, extra, 1, 0, &rd, &err) != EN_OK) {
+        oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL, "messages", "messages: %s",
+                err.msg);
         goto done;
     }
-    if (en_chat_render_encode(rd, tok, 1, 0, ids, NULL, n_ids, &err) != EN_OK) {
+    if (en_chat_render_encode(rd, tok, en_tokenizer_adds_bos(tok), 0, ids, NULL, n_ids, &err) !=
+        EN_OK) {
         oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL, "messages", "messages: %s",
                 err.msg);
         goto done;
@@ -243,10 +289,8 @@ static int chat_prompt(const json_t *j, en_chat_template_id tmpl, const en_token
     rc = 0;
 done:
     en_chat_render_destroy(rd);
-    if (owned)
-        for (int i = 0; i < n; i++) en_free(owned[i]);
-    en_free(owned);
-    en_free(msgs);
+    json_decref(msgs);
+    json_decref(extra);
     return rc;
 }
 
@@ -688,7 +732,8 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     oa_err e = {0};
     en_engine *eng = NULL;
     const en_tokenizer *tok = NULL;
-    srv_get_engine(r->srv, &eng, &tok);
+    const en_chat_template *tmpl = NULL;
+    srv_get_model(r->srv, &eng, &tok, &tmpl);
     const en_server_config *cfg = srv_config(r->srv);
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -723,7 +768,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     const char *stops[EN_MAX_STOPS];
     int n_stop = 0, n_tmpl = 0;
     const char *const *tmpl_stops = NULL;
-    if (chat) tmpl_stops = en_chat_template_stop_strings(cfg->chat_template, &n_tmpl);
+    if (chat) tmpl_stops = en_chat_template_stops(tmpl, &n_tmpl);
     if (parse_stop(j, stops, &n_stop, EN_MAX_STOPS - n_tmpl, &e)) goto fail;
     for (int i = 0; i < n_tmpl; i++) stops[n_stop++] = tmpl_stops[i];
 
@@ -738,7 +783,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
         }
         g->logprobs = lp;
         g->top_logprobs = (int)top;
-        if (chat_prompt(j, cfg->chat_template, tok, &ids, &n_ids, &e)) goto fail;
+        if (chat_prompt(j, tmpl, tok, &ids, &n_ids, &e)) goto fail;
     } else {
         long long lp = -1;
         int echo = 0;
@@ -794,8 +839,10 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     gp.n_stop = n_stop;
     gp.logprobs = g->logprobs;
     gp.top_logprobs = g->top_logprobs;
-    gp.strip_leading_space = chat;
-    gp.end_of_turn = chat ? en_chat_template_end_of_turn(cfg->chat_template) : NULL;
+    /* The answer's first piece may carry the SentencePiece-style space that
+     * decoding an answer on its own drops (byte-level tokenizers have none). */
+    gp.strip_leading_space = chat && en_tokenizer_decode_strips_space(tok);
+    gp.end_of_turn = chat ? en_chat_template_eot(tmpl) : NULL;
     g->prompt_tokens = (int)n_ids;
     r->prompt_tokens = (int)n_ids;
     if (!seeded) seed = srv_random_seed(r->srv);

@@ -46,6 +46,7 @@ struct en_server {
     pthread_cond_t cv; /* signalled when `active` drops */
     en_engine *engine;
     const en_tokenizer *tok;
+    const en_chat_template *tmpl;
     int draining; /* en_server_stop started: new requests get 503 */
     int stopping; /* the grace period ran out: waits cancel and end */
     int active;   /* generation requests holding engine handles */
@@ -62,7 +63,6 @@ en_server_config en_server_config_default(void) {
     c.host = "127.0.0.1";
     c.port = 8080;
     c.model_name = "energon";
-    c.chat_template = EN_CHAT_PLAIN;
     c.max_body_bytes = (size_t)1 << 20;
     c.io_timeout_s = 30;
     c.max_connections = 512;
@@ -73,10 +73,16 @@ en_server_config en_server_config_default(void) {
 /* ---- shared state for the endpoint files ---- */
 
 int srv_get_engine(en_server *s, en_engine **e, const en_tokenizer **tok) {
+    return srv_get_model(s, e, tok, NULL);
+}
+
+int srv_get_model(en_server *s, en_engine **e, const en_tokenizer **tok,
+                  const en_chat_template **tmpl) {
     pthread_mutex_lock(&s->mu);
     int ok = s->engine != NULL;
     if (e) *e = s->engine;
     if (tok) *tok = s->tok;
+    if (tmpl) *tmpl = s->tmpl;
     pthread_mutex_unlock(&s->mu);
     return ok;
 }
@@ -451,14 +457,14 @@ static void free_server(en_server *s) {
     en_free(s);
 }
 
-en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server_config *cfg,
-                          en_server **out, en_err *err) {
+en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_chat_template *tmpl,
+                          const en_server_config *cfg, en_server **out, en_err *err) {
     *out = NULL;
     en_server_config dflt = en_server_config_default();
     if (!cfg) cfg = &dflt;
-    if ((e == NULL) != (tok == NULL))
-        return EN_ERR(err, EN_ERR_ARG, "en_server_start: give both the engine and the "
-                                       "tokenizer, or neither (to set them later)");
+    if ((e == NULL) != (tok == NULL) || (e == NULL) != (tmpl == NULL))
+        return EN_ERR(err, EN_ERR_ARG, "en_server_start: give the engine, the tokenizer and "
+                                       "the chat template, or none (to set them later)");
     if (cfg->port < 0 || cfg->port > 65535)
         return EN_ERR(err, EN_ERR_ARG, "port %d is not in 0..65535", cfg->port);
     if (cfg->max_body_bytes < 1024)
@@ -470,9 +476,6 @@ en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server
                       cfg->max_connections);
     if (cfg->model_name && !*cfg->model_name)
         return EN_ERR(err, EN_ERR_ARG, "model_name is empty");
-    if (cfg->chat_template < EN_CHAT_PLAIN || cfg->chat_template > EN_CHAT_CHATML)
-        return EN_ERR(err, EN_ERR_ARG, "chat_template %d is not a known template",
-                      (int)cfg->chat_template);
 
     en_server *s = en_calloc(1, sizeof *s);
     if (!s) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
@@ -491,6 +494,7 @@ en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server
     s->cfg.model_name = s->model_name;
     s->engine = e;
     s->tok = tok;
+    s->tmpl = tmpl;
     s->created = (int64_t)time(NULL);
     /* Seeds for requests without one, and request ids: unpredictable
      * across restarts; the clock is the fallback when getrandom fails. */
@@ -544,10 +548,12 @@ en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server
     return EN_OK;
 }
 
-void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok) {
+void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok,
+                          const en_chat_template *tmpl) {
     pthread_mutex_lock(&s->mu);
     s->engine = e;
     s->tok = tok;
+    s->tmpl = tmpl;
     pthread_mutex_unlock(&s->mu);
 }
 

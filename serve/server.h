@@ -23,7 +23,6 @@ typedef struct en_server_config {
     int port;               /* 0 = an ephemeral port (see en_server_port) */
     const char *api_key;    /* NULL or "": no authentication */
     const char *model_name; /* the id /v1/models lists and requests may name */
-    en_chat_template_id chat_template;
     size_t max_body_bytes;  /* request bodies over this get 413 (default 1 MiB) */
     int io_timeout_s;       /* idle connection / half-sent request timeout (default 30) */
     int max_connections;    /* default 512 */
@@ -33,20 +32,21 @@ en_server_config en_server_config_default(void);
 
 typedef struct en_server en_server;
 
-/* Bind and start serving, borrowing e and tok (they must outlive the
- * server, or until en_server_set_engine replaces NULLs). e and tok may both
- * be NULL: the server then answers /health, generation and tokenizer
+/* Bind and start serving, borrowing e, tok and tmpl, the chat template
+ * /v1/chat/completions renders with (they must outlive the server, or until
+ * en_server_set_engine replaces NULLs). e, tok and tmpl may all be NULL: the server then answers /health, generation and tokenizer
  * requests with 503 until en_server_set_engine,
  * so that a caller can bind (and fail fast on a taken port) before loading
  * a model. cfg is copied (strings too). Errors: EN_ERR_ARG for a bad config
  * (names the field), EN_ERR_IO when the address cannot be bound (names it).
  * On failure *out is NULL. */
-en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_server_config *cfg,
-                          en_server **out, en_err *err);
-/* Hand the server its engine and tokenizer once loaded (borrowed, as
- * above); /health answers 200 from then on. Call at most once, and only on
+en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_chat_template *tmpl,
+                          const en_server_config *cfg, en_server **out, en_err *err);
+/* Hand the server its engine, tokenizer and chat template once loaded
+ * (borrowed, as above); /health answers 200 from then on. Call at most once, and only on
  * a server started with NULLs. Thread-safe. */
-void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok);
+void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok,
+                          const en_chat_template *tmpl);
 int en_server_port(const en_server *s); /* the bound port */
 /* Stop accepting connections, give running requests up to grace_s seconds
  * to finish (then cancel them), close everything and free s. NULL is a
