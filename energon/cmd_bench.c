@@ -21,11 +21,13 @@
 
 #define CMD "bench"
 
-int en_cmd_bench_serve(int argc, char **argv); /* cmd_bench_serve.c */
+int en_cmd_bench_serve(int argc, char **argv);    /* cmd_bench_serve.c */
+int en_cmd_bench_tokenize(int argc, char **argv); /* cmd_bench_tokenize.c */
 
 static void usage(FILE *f) {
     fprintf(f, "usage: energon bench decode|prefill|train --model DIR [options]\n"
                "       energon bench serve --url URL [options]  (see bench serve --help)\n"
+               "       energon bench tokenize --model DIR --text FILE  (encoding MB/s)\n"
                "  train: --batch B --seq-len T (default 4 x 256), --lora-rank R for LoRA;\n"
                "         times forward + backward + AdamW per step on random tokens\n"
                "  --tokens N     tokens per measurement (default: prefill 128, decode 64)\n"
@@ -256,9 +258,10 @@ int en_cmd_bench(int argc, char **argv) {
     }
     const char *mode = argv[1];
     if (strcmp(mode, "serve") == 0) return en_cmd_bench_serve(argc - 1, argv + 1);
+    if (strcmp(mode, "tokenize") == 0) return en_cmd_bench_tokenize(argc - 1, argv + 1);
     int is_decode = strcmp(mode, "decode") == 0, is_train = strcmp(mode, "train") == 0;
     if (!is_decode && !is_train && strcmp(mode, "prefill") != 0) {
-        en_cli_error(CMD, "unknown benchmark '%s' (decode, prefill, train, serve)", mode);
+        en_cli_error(CMD, "unknown benchmark '%s' (decode, prefill, train, serve, tokenize)", mode);
         return EN_EXIT_USAGE;
     }
     en_cli_load_opts lo = {0};
