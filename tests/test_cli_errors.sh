@@ -69,7 +69,13 @@ B=$T/badtype; mkdir -p "$B"; cp "$M"/* "$B/"
 sed -i 's/"model_type": *"llama"/"model_type": "bloom"/' "$B/config.json"
 expect "unknown model_type" 1 "unknown model_type 'bloom'" -- "$ENERGON" generate --model "$B" --prompt hi
 B=$T/notok; mkdir -p "$B"; cp "$M/config.json" "$M/model.safetensors" "$B/"
-expect "no tokenizer" 1 "$B: no tokenizer.model" -- "$ENERGON" generate --model "$B" --prompt hi
+expect "no tokenizer" 1 "$B: no tokenizer.json or tokenizer.model" -- "$ENERGON" generate --model "$B" --prompt hi
+B=$T/badjson; mkdir -p "$B"; cp "$M"/* "$B/"; echo '{"model": {"type": "BPE", "vocab": {"a": 0' >"$B/tokenizer.json"
+expect "truncated tokenizer.json" 1 "$B/tokenizer.json" -- "$ENERGON" generate --model "$B" --prompt hi
+printf 'Hi\n{%% if %%}x{%% endif %%}\n' >"$T/bad.jinja"
+expect "template syntax error" 1 "$T/bad.jinja:2:" -- "$ENERGON" generate --model "$M" --chat --chat-template "$T/bad.jinja" --prompt hi
+expect "unknown template name" 2 "--chat-template: unknown chat template" -- "$ENERGON" generate --model "$M" --chat --chat-template vicuna --prompt hi
+expect "template without --chat" 2 "--chat-template needs --chat" -- "$ENERGON" generate --model "$M" --chat-template plain --prompt hi
 B=$T/badtok; mkdir -p "$B"; cp "$M"/* "$B/"; echo "not a model" >"$B/tokenizer.model"
 expect "garbage tokenizer" 1 "$B/tokenizer.model" -- "$ENERGON" generate --model "$B" --prompt hi
 
