@@ -277,6 +277,10 @@ static en_jv eval_dict(en_jctx *c, const en_jnode *n) {
 }
 
 static en_jv eval_slice(en_jctx *c, const en_jnode *n) {
+    if (!n->a) { /* a slice inside a tuple subscript, xs[:, 1:] */
+        en_jj_fail(c, n, "slices inside a tuple subscript are not supported");
+        return en_jv_undef(NULL);
+    }
     en_jv obj = en_jj_eval(c, n->a);
     en_jv lo = n->b ? en_jj_eval(c, n->b) : en_jv_none();
     en_jv hi = n->c ? en_jj_eval(c, n->c) : en_jv_none();

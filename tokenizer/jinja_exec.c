@@ -37,6 +37,10 @@ void en_jj_fail_nomem(en_jctx *c) {
 }
 
 void *en_jj_alloc(en_jctx *c, size_t n) {
+    /* bytes made count against the budget too (checked at the next step),
+     * so that a loop over long strings stops as soon as a loop of many
+     * short steps would */
+    c->steps += (long)(n / 1024);
     void *p = en_jarena_alloc(&c->arena, n);
     if (!p) {
         if (c->arena.cap && n > c->arena.cap - (c->arena.used < c->arena.cap ? c->arena.used : c->arena.cap))
