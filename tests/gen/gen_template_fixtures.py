@@ -228,6 +228,12 @@ FEATURES = [
     ("globals", "{{ range(3)|list }}{{ range(1, 10, 3)|list }}{{ range(5, 0, -2)|list }}{{ dict(a=1, b='x') }}{{ namespace(a=1).a }}{{ strftime_now('%Y-%m-%d %H:%M %b %d %A') }}", {}),
     ("unicode_text", "{{ s }}|{{ s|length }}|{{ s|upper }}|{{ s[2:5] }}|{{ s|reverse }}", {"s": "Привет, 世界! 🎉 Ünïcödé"}),
     ("messages_loop", "{% for m in messages %}<{{ m.role }}>{{ m['content']|trim }}{% if not loop.last %}\n{% endif %}{% endfor %}", {"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo"}]}),
+    ("repr_values", "{{ ['it\\'s', 'a\"b', 'both\\'\"', 'é\\n\\t\\\\', '\\x00\\x7f\\xa0\\u2028'] }}|{{ {'k': [1.5, none, true], 2: 'v'} }}|{{ namespace(a=1) }}|{{ range(2, 9, 3) }}|{{ messages }}", {"messages": [{"role": "user", "content": "hi ✓"}]}),
+    ("loop_in_macro", "{% macro row(items) %}{% for x in items %}{{ loop.index }}:{{ x }}{{ ', ' if not loop.last }}{% endfor %}{% endmacro %}{% for r in rows %}[{{ row(r) }}]{% endfor %}", {"rows": [[1, 2], [], ["a"]]}),
+    ("macro_sees_globals", "{% set g = 'top' %}{% macro f() %}{{ g }}{{ bos_token }}{% endmacro %}{{ f() }}", {"bos_token": "<s>"}),
+    ("conditional_chain", "{% for m in ms %}{% if m.role == 'user' %}U{% elif m.role == 'assistant' and m.content %}A{% elif m.role == 'assistant' %}a{% else %}?{% endif %}{% endfor %}", {"ms": [{"role": "user"}, {"role": "assistant", "content": "x"}, {"role": "assistant", "content": ""}, {"role": "tool"}]}),
+    ("whitespace_real_shape", "{%- for m in ms %}\n    {%- if m %}\n        {{- m }}\n    {%- endif %}\n{%- endfor %}\n{{ 'end' }}\n", {"ms": ["a", "", "b"]}),
+    ("lstrip_var_not_stripped", "a\n    {{ 'x' }}\n    {% if true %}y{% endif %}\n", {}),
     # errors
     ("err_raise", "{{ raise_exception('Custom error: ' ~ 42) }}", {}),
     ("err_undefined_attr", "{{ missing.attr }}", {}),
