@@ -224,6 +224,14 @@ static en_jv eval_call(en_jctx *c, const en_jnode *n) {
             en_jj_fail(c, n, "access to attribute 'append' of 'list' object is unsafe");
             return en_jv_undef(NULL);
         }
+        if (obj.type == EN_JV_LOOP && strcmp(callee->name, "cycle") == 0) { /* loop.cycle(a, b, ...) */
+            if (en_jj_eval_args(c, n, 0, &args)) return en_jv_undef(NULL);
+            if (args.n_pos == 0) {
+                en_jj_fail(c, n, "no items for cycling given");
+                return en_jv_undef(NULL);
+            }
+            return args.pos[obj.u.loop->index0 % args.n_pos];
+        }
         if (en_jj_has_method(obj, callee->name)) {
             if (en_jj_eval_args(c, n, 0, &args)) return en_jv_undef(NULL);
             int found = 0;

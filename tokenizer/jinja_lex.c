@@ -200,7 +200,7 @@ static en_status lex_root(lexer *L) {
             continue;
         }
         char sign = (i + 2 < L->n && (L->s[i + 2] == '-' || L->s[i + 2] == '+')) ? L->s[i + 2] : 0;
-        size_t end, resume;
+        size_t end, resume = i + 2;
         char si, so;
         int raw = c2 == '%' && match_word_tag(L, i, "raw", &end, &si, &so);
         EN_TRY(emit_text(L, text, i, sign, c2, line_starting));

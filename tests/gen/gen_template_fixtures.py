@@ -168,6 +168,7 @@ FEATURES = [
     ("raw_block", "{% raw %}{{ not parsed }}{% endraw %}!", {}),
     # loops
     ("for_loop_vars", "{% for x in xs %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.length }}/{{ loop.revindex }}/{{ loop.first }}/{{ loop.last }}/{{ loop.previtem }}/{{ loop.nextitem }};{% endfor %}", {"xs": ["a", "b", "c"]}),
+    ("loop_cycle", "{% for x in 'abcde' %}{{ loop.cycle('odd', 'even') }}{{ x }} {% endfor %}", {}),
     ("for_else", "{% for x in [] %}x{% else %}empty{% endfor %}", {}),
     ("for_filter", "{% for i in range(10) if i is odd %}{{ i }}{{ loop.length }},{% endfor %}", {}),
     ("for_unpack", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k, v in d | dictsort %}{{ k }}{% endfor %}", {"d": {"b": 1, "a": [1, 2]}}),
