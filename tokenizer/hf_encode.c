@@ -169,7 +169,7 @@ static en_status run_pipeline(const en_hf_tokenizer *t, const char *text, size_t
         }
         i += l;
     }
-    memcpy(w->str.s, text, len);
+    if (len) memcpy(w->str.s, text, len);
     w->str.n = len;
     EN_TRY(hf_pieces_push(&w->pcs, 0, len, -1));
     EN_TRY(hf_split_added(t, 0, w));

@@ -247,7 +247,9 @@ static en_status load_pretok(ld *c, const json_t *j, const char *where, hf_preto
     }
     if (!strcmp(type, "Whitespace")) {
         pt->type = HF_PT_WHITESPACE;
-        return hf_regex_compile("\\w+|[^\\w\\s]+", 13, 0, &pt->re, c->path, where, c->err);
+        /* Rust regex's \\w also holds Join_Control (ZWNJ, ZWJ); Oniguruma's does not */
+        static const char ws_re[] = "[\\w\\x{200C}\\x{200D}]+|[^\\w\\s\\x{200C}\\x{200D}]+";
+        return hf_regex_compile(ws_re, strlen(ws_re), 0, &pt->re, c->path, where, c->err);
     }
     if (!strcmp(type, "WhitespaceSplit")) {
         pt->type = HF_PT_WHITESPACE_SPLIT;

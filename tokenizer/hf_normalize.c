@@ -23,6 +23,7 @@
 static en_status copy_piece(hf_work *w, const hf_piece *p) {
     hf_nstr *o = &w->tmp_str;
     size_t off = o->n;
+    if (p->len == 0) return hf_pieces_push(&w->tmp_pcs, off, 0, p->id);
     EN_TRY(hf_nstr_reserve(o, p->len));
     memcpy(o->s + off, w->str.s + p->off, p->len);
     memcpy(o->a0 + off, w->str.a0 + p->off, p->len * sizeof(uint32_t));
@@ -33,6 +34,7 @@ static en_status copy_piece(hf_work *w, const hf_piece *p) {
 
 static en_status copy_range(hf_work *w, size_t from, size_t n) {
     hf_nstr *o = &w->tmp_str;
+    if (n == 0) return EN_OK;
     EN_TRY(hf_nstr_reserve(o, n));
     memcpy(o->s + o->n, w->str.s + from, n);
     memcpy(o->a0 + o->n, w->str.a0 + from, n * sizeof(uint32_t));

@@ -97,6 +97,7 @@ static en_status split_stage(const hf_pretok *pt, hf_work *w) {
 
 static en_status copy_bytes(hf_work *w, size_t from, size_t n) {
     hf_nstr *o = &w->tmp_str;
+    if (n == 0) return EN_OK;
     EN_TRY(hf_nstr_reserve(o, n));
     memcpy(o->s + o->n, w->str.s + from, n);
     memcpy(o->a0 + o->n, w->str.a0 + from, n * sizeof(uint32_t));
@@ -135,6 +136,7 @@ static en_status prefix_piece(const hf_pretok *pt, hf_work *w, const hf_piece *p
 
 static en_status bytemap_piece(const hf_pretok *pt, hf_work *w, const hf_piece *p) {
     hf_nstr *o = &w->tmp_str;
+    if (p->len == 0) return EN_OK;
     EN_TRY(hf_nstr_reserve(o, 2 * p->len));
     for (size_t i = p->off; i < p->off + p->len; i++) {
         unsigned char b = (unsigned char)w->str.s[i];

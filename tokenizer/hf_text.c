@@ -92,6 +92,7 @@ en_status hf_nstr_reserve(hf_nstr *t, size_t extra) {
 }
 
 en_status hf_nstr_push(hf_nstr *t, const char *s, size_t n, uint32_t a0, uint32_t a1) {
+    if (n == 0) return EN_OK;
     EN_TRY(hf_nstr_reserve(t, n));
     memcpy(t->s + t->n, s, n);
     for (size_t i = 0; i < n; i++) {
