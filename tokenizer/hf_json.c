@@ -497,8 +497,8 @@ static en_status load_merges(en_hf_tokenizer *t, ld *c, const json_t *merges) {
     m->merge_mask = cap - 1;
     en_status st = EN_OK;
     for (size_t i = 0; i < n && st == EN_OK; i++) {
-        const char *a, *b;
-        size_t an, bn;
+        const char *a = NULL, *b = NULL;
+        size_t an = 0, bn = 0;
         char f[64];
         snprintf(f, sizeof f, "model.merges[%zu]", i);
         if ((st = merge_parts(c, json_array_get(merges, i), i, &a, &an, &b, &bn)) != EN_OK) break;
