@@ -127,5 +127,40 @@ EOF
     kill -TERM "$SPID"; wait "$SPID"; rc=$?; SPID=
     [ $rc -eq 0 ] && ok "serve exits 0 on SIGTERM" || bad "serve exit $rc"
 fi
+# ---- a template that raises: 400 with its message, and the server goes on
+cat >"$T/strict.jinja" <<'JINJA'
+{%- for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported by this template') }}{% endif %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+JINJA
+"$ENERGON" serve --model "$M" --port 0 --threads 2 --model-name smollm2 \
+    --chat-template "$T/strict.jinja" >"$T/serve2.log" 2>&1 &
+SPID=$!
+URL=
+for _ in $(seq 1 600); do
+    URL=$(grep -o 'listening on http://[^ ]*' "$T/serve2.log" | head -1 | sed 's/listening on //')
+    [ -n "$URL" ] && break
+    kill -0 "$SPID" 2>/dev/null || break
+    sleep 0.1
+done
+if [ -n "$URL" ] && "$PY" - "$URL" <<'EOF'
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", timeout=300)
+try:
+    c.chat.completions.create(model="smollm2", max_tokens=4,
+                              messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}])
+    print("BAD  no error"); sys.exit(1)
+except openai.BadRequestError as e:
+    print("ok   400:", str(e)[:200])
+    if "System role not supported by this template" not in str(e): sys.exit(1)
+r = c.chat.completions.create(model="smollm2", max_tokens=8, temperature=0,
+                              messages=[{"role": "user", "content": "What is the capital of France?"}])
+print("ok   then:", repr(r.choices[0].message.content))
+sys.exit(0 if r.choices[0].message.content else 1)
+EOF
+then ok "serve: a template that raises gives 400 with its message, then serves"; else bad "serve with a raising template"; tail "$T/serve2.log"; fi
+if [ -n "$SPID" ]; then kill -TERM "$SPID"; wait "$SPID"; SPID=; fi
+
 echo "test_smollm2: $pass passed, $fail failed"
 [ $fail -eq 0 ]
