@@ -23,7 +23,9 @@ if ! command -v "$CC" >/dev/null; then
     echo "fuzz: $CC not found (scripts/install-deps installs clang and libclang-rt-14-dev)" >&2
     exit 1
 fi
-OUT=${FUZZ_OUT:-$(mktemp -d /tmp/energon-fuzz.XXXXXX)}
+OUT=${FUZZ_OUT:-}
+KEEP=${FUZZ_OUT:+1}
+[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/energon-fuzz.XXXXXX)
 mkdir -p "$OUT"
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
@@ -67,5 +69,8 @@ for t in "${targets[@]}"; do
         grep -E "^stat::number_of_executed_units|^Done" "$OUT/$t.log" | tr '\n' ' '; echo
     fi
 done
-[ $fail -eq 0 ] && echo "fuzz: all targets clean ($OUT)"
+if [ $fail -eq 0 ]; then
+    echo "fuzz: all targets clean"
+    [ -n "$KEEP" ] || rm -rf "$OUT" # nothing to look at; findings are kept
+fi
 exit $fail
