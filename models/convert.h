@@ -1,7 +1,8 @@
 /*
  * convert.h - write Hugging Face model directories: from llama2.c
- * checkpoints (`energon convert llama2c`), and the config.json /
- * tokenizer_config.json that every model directory we write carries.
+ * checkpoints (`energon convert llama2c`), and the config.json and
+ * tokenizer files that every model directory we write carries (export, a
+ * fine-tuning run's model/, init).
  */
 #ifndef EN_CONVERT_H
 #define EN_CONVERT_H
@@ -14,9 +15,25 @@
 en_status en_hf_write_config(const en_model_hparams *hp, const char *dir, en_err *err);
 
 /* Copy tokenizer.model into dir and write tokenizer_config.json and
- * special_tokens_map.json that let Hugging Face's LlamaTokenizer load it. */
+ * special_tokens_map.json that let Hugging Face's LlamaTokenizer load it.
+ * For a bare SentencePiece model with no model directory around it (the
+ * llama2.c converter, init from a trained tok.model); a model written from
+ * another model directory uses en_hf_copy_tokenizer. */
 en_status en_hf_write_tokenizer(const char *tokenizer_model, int bos_id, int eos_id,
                                 const char *dir, en_err *err);
+
+/* Give dst_dir the tokenizer of the model directory src_dir: its tokenizer
+ * files as they are (en_tokenizer_copy_files: tokenizer.json,
+ * tokenizer.model, tokenizer_config.json, chat_template.jinja,
+ * generation_config.json, special_tokens_map.json, ...), so that the new
+ * model tokenizes, renders chats and stops as the source does. A source with
+ * a tokenizer.model but no tokenizer_config.json also gets the files
+ * en_hf_write_tokenizer writes (bos_id / eos_id as there), so that
+ * transformers can load the result. A source without tokenizer files copies
+ * nothing and succeeds. n_copied (may be NULL): files written. Errors:
+ * EN_ERR_IO naming the file, EN_ERR_NOMEM. */
+en_status en_hf_copy_tokenizer(const char *src_dir, const char *dst_dir, int bos_id, int eos_id,
+                               int *n_copied, en_err *err);
 
 /* Convert a llama2.c checkpoint (legacy "version 0" format: 7 int32 header
  * dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (negative when

@@ -97,6 +97,24 @@ en_status en_hf_write_tokenizer(const char *tokenizer_model, int bos_id, int eos
     return s;
 }
 
+en_status en_hf_copy_tokenizer(const char *src_dir, const char *dst_dir, int bos_id, int eos_id,
+                               int *n_copied, en_err *err) {
+    int n = 0;
+    if (n_copied) *n_copied = 0;
+    EN_TRY(en_tokenizer_copy_files(src_dir, dst_dir, &n, err));
+    char *model = en_path_join(src_dir, "tokenizer.model");
+    char *config = en_path_join(src_dir, "tokenizer_config.json");
+    en_status s = model && config ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK && en_path_exists(model) && !en_path_exists(config)) {
+        s = en_hf_write_tokenizer(model, bos_id, eos_id, dst_dir, err);
+        if (s == EN_OK) n += 2; /* tokenizer_config.json, special_tokens_map.json */
+    }
+    en_free(model);
+    en_free(config);
+    if (s == EN_OK && n_copied) *n_copied = n;
+    return s;
+}
+
 /* llama2.c stores q/k rows so that RoPE rotates adjacent pairs (2i, 2i+1);
  * Hugging Face rotates (i, i + D/2). Within each head, row 2i+c moves to
  * c*D/2 + i. */
