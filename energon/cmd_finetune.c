@@ -35,8 +35,12 @@ static void usage(FILE *f) {
         "  --seq-len N            tokens per window (default 256)\n"
         "  --doc-sep blank        .txt: documents separated by blank lines (default: one per file)\n"
         "  --train-on-all         loss on prompt tokens too (default: completion/assistant only)\n"
-        "  --chat-template NAME   plain | llama2 | chatml (default plain)\n"
+        "  --chat-template T      FILE.jinja, or plain | llama2 | chatml (default: the\n"
+        "                         model's own chat_template.jinja / tokenizer_config.json\n"
+        "                         template, else plain)\n"
         "  --skip-bad-records     skip and count malformed records instead of stopping\n"
+        "  --dump-data N          print the first N training windows (ids, train flags, the\n"
+        "                         text with trained tokens inside ⟦ ⟧) to stdout and stop\n"
         "optimisation:\n"
         "  --steps N | --epochs E length of the run (default 1 epoch)\n"
         "  --batch B              sequences per micro-batch (default 4)\n"
@@ -137,9 +141,14 @@ int en_cmd_finetune(int argc, char **argv) {
                 bad = 1;
             }
         } else if (en_cli_flag(argc, argv, &i, "--chat-template", &v, &bad)) {
-            if (!bad && en_chat_template_from_name(v, &c.data_cfg.chat_template, &err) != EN_OK) {
-                en_cli_error(CMD, "--chat-template: %s", err.msg);
+            size_t n = bad ? 0 : strlen(v);
+            en_chat_template_id id;
+            if (!bad && !(n > 6 && strcmp(v + n - 6, ".jinja") == 0) &&
+                en_chat_template_from_name(v, &id, &err) != EN_OK) {
+                en_cli_error(CMD, "--chat-template: %s, or a file ending in .jinja", err.msg);
                 bad = 1;
+            } else if (!bad) {
+                c.chat_template = v;
             }
         } else if (en_cli_flag(argc, argv, &i, "--lora-targets", &v, &bad)) {
             if (!bad && en_lora_targets_parse(v, &c.lora_targets, &err) != EN_OK) {
@@ -170,6 +179,7 @@ int en_cmd_finetune(int argc, char **argv) {
         INT_FLAG("--save-every", 0, 1 << 30, c.save_every)
         INT_FLAG("--keep", 1, 1000, c.keep)
         INT_FLAG("--log-every", 1, 1 << 30, c.log_every)
+        INT_FLAG("--dump-data", 1, 1 << 30, c.dump_data)
         INT_FLAG("--threads", 1, 1024, c.n_threads)
         INT_FLAG("--tp", 1, 4096, tp)
         INT_FLAG("--zero", 0, 1, zero)
@@ -195,13 +205,14 @@ int en_cmd_finetune(int argc, char **argv) {
     }
     void *keep = NULL;
     if (resume) {
-        if (c.model_dir || c.n_data) {
+        if (c.model_dir || c.n_data || c.chat_template) {
             en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
-                              "only --steps, --threads, --tp, --zero and --sequence-parallel may be "
-                              "given with it");
+                              "only --steps, --threads, --tp, --zero, --sequence-parallel and "
+                              "--dump-data may be given with it");
             return EN_EXIT_USAGE;
         }
         int threads = c.n_threads, sp = c.sequence_parallel, rec = c.recompute;
+        int dump = c.dump_data;
         if (en_finetune_config_load(resume, &c, &keep, &err) != EN_OK) {
             en_cli_error(CMD, "%s", err.msg);
             return EN_EXIT_ERROR;
@@ -210,8 +221,9 @@ int en_cmd_finetune(int argc, char **argv) {
         if (threads) c.n_threads = threads;
         c.sequence_parallel = sp; /* layout choices belong to this run, not the checkpoint */
         if (rec) c.recompute = rec;
+        c.dump_data = dump;
     } else {
-        if (!c.model_dir || c.n_data == 0 || !c.run_dir) {
+        if (!c.model_dir || c.n_data == 0 || (!c.run_dir && !c.dump_data)) {
             en_cli_error(CMD, "--model DIR, --data FILE and --out RUN_DIR are required (see "
                               "energon finetune --help)");
             return EN_EXIT_USAGE;

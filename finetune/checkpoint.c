@@ -455,7 +455,7 @@ en_status en_ckpt_begin(const char *run_dir, int64_t step, en_ckpt_writer **out,
     }
     en_status s = en_mkdir_p(w->root, err);
     if (s != EN_OK) {
-        en_err_prefix(err, "starting checkpoint %lld: ", (long long)step);
+        en_err_prefix(err, "starting checkpoint %lld", (long long)step);
         writer_free(w);
         return s;
     }

@@ -10,7 +10,14 @@
  * records stay so that en_dataset_split can pack both halves again.
  *
  * Memory: 5 bytes per token plus 16 per record and per window. Tokenization
- * is single-threaded (SentencePiece is fast next to a training step).
+ * is single-threaded (fast next to a training step).
+ *
+ * Chat and prompt/completion records go through one call,
+ * en_chat_template_render with train spans, then en_chat_render_encode: the
+ * same rendering and tokenization the server uses, so a model is tuned on
+ * exactly the token sequences it will be prompted with. This file checks the
+ * record's shape (so that errors name the field) and leaves the text to the
+ * template.
  *
  * What it leaves out: streaming datasets larger than memory, formats other
  * than .txt/.jsonl, per-source sampling weights.
@@ -58,7 +65,7 @@ en_data_config en_data_config_default(void) {
     en_data_config c;
     memset(&c, 0, sizeof c);
     c.seq_len = 1024;
-    c.chat_template = EN_CHAT_PLAIN;
+    c.chat_template = NULL; /* the built-in plain */
     return c;
 }
 
@@ -94,6 +101,7 @@ static const char *json_type_name(const json_t *v) {
 typedef struct loader {
     en_dataset *ds;
     const en_tokenizer *tok;
+    const en_chat_template *tmpl; /* borrowed for the load */
     en_err *err;
 } loader;
 
@@ -154,8 +162,12 @@ static en_status add_record(loader *L, const int32_t *ids, const uint8_t *train,
     for (int64_t k = 0; k < n; k++) {
         int32_t id = ids[k];
         int t = train && !ds->cfg.train_on_all ? train[k] != 0 : 1;
+        /* A record's leading bos is never a target (nothing predicts where
+         * a document starts). Only the leading one: SmolLM2's bos is
+         * <|im_start|>, which opens every turn inside a record. */
+        if (k == 0 && id == ds->bos) t = 0;
         ds->ids[ds->n_tok + k] = id;
-        ds->train[ds->n_tok + k] = (uint8_t)(t && id != ds->bos); /* bos is never a target */
+        ds->train[ds->n_tok + k] = (uint8_t)t;
     }
     ds->recs[ds->n_recs++] = (rec){ds->n_tok, n, (uint8_t)(atomic != 0), (uint8_t)truncated};
     ds->n_tok += n;
@@ -165,17 +177,18 @@ oom:
                   ds->n_tok + n);
 }
 
-/* A text document: bos + text + eos, every token trained. */
+/* A text document: the text as the model's tokenizer encodes it (with bos
+ * when the model adds one), then eos; every token trained. */
 static en_status add_text(loader *L, const char *path, int64_t line, const char *text, size_t n) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     en_status st = en_tokenizer_encode(L->tok, text, n, 1, &ids, &n_ids, L->err);
     if (st != EN_OK) {
-        en_err_prefix(L->err, "%s:%" PRId64 ": ", path, line);
+        en_err_prefix(L->err, "%s:%" PRId64, path, line);
         return st;
     }
     int32_t eos = en_tokenizer_eos(L->tok);
-    if (eos >= 0) {
+    if (eos >= 0 && !(n_ids > 0 && ids[n_ids - 1] == eos)) { /* unless add_special put it */
         int32_t *p = en_realloc(ids, (n_ids + 1) * sizeof *p);
         if (!p) {
             en_free(ids);
@@ -189,20 +202,64 @@ static en_status add_text(loader *L, const char *path, int64_t line, const char 
     return st;
 }
 
-/* A prompt/completion or chat record, rendered with the configured template. */
-static en_status add_chat(loader *L, const char *path, int64_t line, en_chat_render *r) {
+/* A prompt/completion or chat record: render `messages` with the
+ * template, assistant turns as train segments, and tokenize. Template errors
+ * are the record's fault (bad() decides whether to skip it). */
+static en_status add_chat(loader *L, const char *path, int64_t line, const json_t *messages) {
+    en_chat_render *r = NULL;
+    en_err cerr = {0};
+    if (en_chat_template_render(L->tmpl, messages, NULL, 0, 1, &r, &cerr) != EN_OK) {
+        if (cerr.status == EN_ERR_NOMEM)
+            return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
+        return bad(L, path, line, "%s", cerr.msg);
+    }
     int32_t *ids = NULL;
     uint8_t *train = NULL;
     size_t n = 0;
-    en_status st = en_chat_render_encode(r, L->tok, 1, 1, &ids, &train, &n, L->err);
+    /* bos as the model's tokenizer adds it, as the server encodes prompts
+     * (a Jinja render ignores both flags: its text has its own specials) */
+    en_status st = en_chat_render_encode(r, L->tok, en_tokenizer_adds_bos(L->tok), 1, &ids, &train,
+                                         &n, L->err);
+    en_chat_render_destroy(r);
     if (st != EN_OK) {
-        en_err_prefix(L->err, "%s:%" PRId64 ": ", path, line);
+        en_err_prefix(L->err, "%s:%" PRId64, path, line);
         return st;
     }
     st = add_record(L, ids, train, (int64_t)n, 1);
     en_free(ids);
     en_free(train);
     return st;
+}
+
+/* A message's "content": a string, or a list of {"type": "text", "text":
+ * STRING} parts. Returns NULL when valid (*empty: the text is ""), else what
+ * is wrong, written to msg. */
+static const char *check_content(const json_t *c, size_t i, int *empty, char *msg, size_t size) {
+    if (json_is_string(c)) {
+        *empty = json_string_length(c) == 0;
+        return NULL;
+    }
+    if (!json_is_array(c)) {
+        snprintf(msg, size, "messages[%zu].content must be a string or a list of text parts, got %s",
+                 i, json_type_name(c));
+        return msg;
+    }
+    size_t k;
+    const json_t *part;
+    *empty = 1;
+    json_array_foreach(c, k, part) {
+        const json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type) ||
+            strcmp(json_string_value(type), "text") != 0 || !json_is_string(text)) {
+            snprintf(msg, size,
+                     "messages[%zu].content[%zu] must be {\"type\": \"text\", \"text\": "
+                     "\"...\"} (only text content is supported)",
+                     i, k);
+            return msg;
+        }
+        if (json_string_length(text) > 0) *empty = 0;
+    }
+    return NULL;
 }
 
 /* {"messages": [...]} */
@@ -213,57 +270,43 @@ static en_status jsonl_chat(loader *L, const char *path, int64_t line, json_t *m
     size_t n = json_array_size(messages);
     if (n == 0) return bad(L, path, line, "\"messages\" is empty");
     if (n > 1000000) return bad(L, path, line, "\"messages\" has %zu entries (limit 1000000)", n);
-    en_chat_msg *msgs = en_malloc(n * sizeof *msgs);
-    if (!msgs) return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
-    en_status st = EN_OK;
-    int n_assistant = 0;
+    size_t empty_at = n, n_assistant = 0;
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(messages, i);
-        if (!json_is_object(m)) {
-            st =
-                bad(L, path, line, "messages[%zu] must be an object, got %s", i, json_type_name(m));
-            goto done;
-        }
+        if (!json_is_object(m))
+            return bad(L, path, line, "messages[%zu] must be an object, got %s", i,
+                       json_type_name(m));
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!role || !content) {
-            st = bad(L, path, line, "messages[%zu] has no \"%s\"", i, role ? "content" : "role");
-            goto done;
+        if (!role || !content)
+            return bad(L, path, line, "messages[%zu] has no \"%s\"", i,
+                       role ? "content" : "role");
+        if (!json_is_string(role))
+            return bad(L, path, line, "messages[%zu].role must be a string, got %s", i,
+                       json_type_name(role));
+        char msg[200];
+        int empty = 0;
+        if (check_content(content, i, &empty, msg, sizeof msg)) return bad(L, path, line, "%s", msg);
+        if (strcmp(json_string_value(role), "assistant") == 0) {
+            n_assistant++;
+            if (empty && empty_at == n) empty_at = i;
         }
-        if (!json_is_string(role) || !json_is_string(content)) {
-            const char *what = json_is_string(role) ? "content" : "role";
-            st = bad(L, path, line, "messages[%zu].%s must be a string, got %s", i, what,
-                     json_type_name(json_is_string(role) ? content : role));
-            goto done;
+    }
+    /* A record with nothing to train on is refused, but the template judges
+     * roles and order first ("message 1: role ..."), as before. */
+    if (empty_at < n || n_assistant == 0) {
+        en_chat_render *r = NULL;
+        en_err cerr = {0};
+        if (en_chat_template_render(L->tmpl, messages, NULL, 0, 0, &r, &cerr) != EN_OK) {
+            if (cerr.status == EN_ERR_NOMEM)
+                return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
+            return bad(L, path, line, "%s", cerr.msg);
         }
-        msgs[i].role = json_string_value(role);
-        msgs[i].content = json_string_value(content);
+        en_chat_render_destroy(r);
+        if (empty_at < n)
+            return bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);
+        return bad(L, path, line, "no assistant message to train on");
     }
-    en_chat_render *r = NULL;
-    en_err cerr;
-    if (en_chat_render_create(L->ds->cfg.chat_template, msgs, (int)n, 0, &r, &cerr) != EN_OK) {
-        if (cerr.status == EN_ERR_NOMEM) {
-            st = EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
-            goto done;
-        }
-        st = bad(L, path, line, "%s", cerr.msg);
-        goto done;
-    }
-    size_t empty_at = n;
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(msgs[i].role, "assistant") != 0) continue;
-        n_assistant++;
-        if (msgs[i].content[0] == 0 && empty_at == n) empty_at = i;
-    }
-    if (empty_at < n)
-        st = bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);
-    else if (n_assistant == 0)
-        st = bad(L, path, line, "no assistant message to train on");
-    else
-        st = add_chat(L, path, line, r);
-    en_chat_render_destroy(r);
-done:
-    en_free(msgs);
-    return st;
+    return add_chat(L, path, line, messages);
 }
 
 /* One non-blank line of a .jsonl file. */
@@ -314,15 +357,13 @@ static en_status jsonl_record(loader *L, const char *path, int64_t line, const c
         } else if (json_string_length(completion) == 0) {
             st = bad(L, path, line, "\"completion\" is empty");
         } else {
-            en_chat_render *r = NULL;
-            st = en_chat_render_prompt_completion(L->ds->cfg.chat_template,
-                                                  json_string_value(prompt),
-                                                  json_string_value(completion), &r, L->err);
-            if (st != EN_OK)
-                en_err_prefix(L->err, "%s:%" PRId64 ": ", path, line);
+            json_t *msgs = json_pack("[{s:s,s:O},{s:s,s:O}]", "role", "user", "content", prompt,
+                                     "role", "assistant", "content", completion);
+            if (!msgs)
+                st = EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
             else
-                st = add_chat(L, path, line, r);
-            en_chat_render_destroy(r);
+                st = add_chat(L, path, line, msgs);
+            json_decref(msgs);
         }
     } else {
         st = jsonl_chat(L, path, line, messages);
@@ -490,6 +531,7 @@ static en_dataset *dataset_new(const en_data_config *cfg, const en_tokenizer *to
     en_dataset *ds = en_calloc(1, sizeof *ds);
     if (!ds) return NULL;
     ds->cfg = *cfg;
+    ds->cfg.chat_template = NULL; /* borrowed for en_dataset_create only */
     ds->bos = en_tokenizer_bos(tok);
     int32_t eos = en_tokenizer_eos(tok);
     ds->pad = eos >= 0 ? eos : 0;
@@ -534,16 +576,18 @@ en_status en_dataset_create(const char *const *files, int n_files, const en_toke
     if (cfg->seq_len < 2 || cfg->seq_len > EN_DATA_MAX_SEQ_LEN)
         return EN_ERR(err, EN_ERR_ARG, "data: seq_len must be in [2, %d] (got %d)",
                       EN_DATA_MAX_SEQ_LEN, cfg->seq_len);
-    if (strcmp(en_chat_template_name(cfg->chat_template), "unknown") == 0)
-        return EN_ERR(err, EN_ERR_ARG, "data: chat_template %d is not a valid template",
-                      (int)cfg->chat_template);
-
+    en_chat_template *plain = NULL;
+    if (!cfg->chat_template) EN_TRY(en_chat_template_builtin(EN_CHAT_PLAIN, &plain, err));
     en_dataset *ds = dataset_new(cfg, tok);
-    if (!ds) return EN_ERR(err, EN_ERR_NOMEM, "data: out of memory");
-    loader L = {ds, tok, err};
+    if (!ds) {
+        en_chat_template_destroy(plain);
+        return EN_ERR(err, EN_ERR_NOMEM, "data: out of memory");
+    }
+    loader L = {ds, tok, plain ? plain : cfg->chat_template, err};
     en_status st = EN_OK;
     for (int i = 0; i < n_files && st == EN_OK; i++)
         st = load_file(&L, files[i]);
+    en_chat_template_destroy(plain);
     if (st == EN_OK) st = pack(ds, err);
     if (st == EN_OK && ds->n_wins == 0) {
         char names[400];
@@ -572,6 +616,14 @@ const en_data_stats *en_dataset_stats(const en_dataset *ds) { return ds ? &ds->s
 int64_t en_dataset_n_windows(const en_dataset *ds) { return ds ? ds->n_wins : 0; }
 int en_dataset_seq_len(const en_dataset *ds) { return ds ? ds->cfg.seq_len : 0; }
 const char *en_dataset_first_skipped(const en_dataset *ds) { return ds ? ds->first_skipped : NULL; }
+
+int64_t en_dataset_window_tokens(const en_dataset *ds, int64_t i, const int32_t **ids,
+                                 const uint8_t **train) {
+    EN_ASSERT(ds && i >= 0 && i < ds->n_wins && ids && train);
+    *ids = ds->ids + ds->wins[i].start;
+    *train = ds->train + ds->wins[i].start;
+    return ds->wins[i].count;
+}
 
 void en_dataset_window(const en_dataset *ds, int64_t i, int32_t *inputs, int32_t *targets) {
     EN_ASSERT(ds && i >= 0 && i < ds->n_wins && inputs && targets);

@@ -15,15 +15,24 @@
  *             {"text": "..."}
  *             {"prompt": "...", "completion": "..."}
  *             {"messages": [{"role": "system|user|assistant", "content": "..."}, ...]}
- *           Prompt/completion pairs render as [user, assistant] messages;
- *           messages render with cfg->chat_template (tokenizer/chat.h).
+ *           "content" may also be a list of {"type": "text", "text": ...}
+ *           parts (joined); other message keys (tool_calls, name, ...) reach
+ *           the template. Prompt/completion pairs render as [user, assistant]
+ *           messages. Both render with cfg->chat_template (tokenizer/chat.h:
+ *           the model's own Jinja template, or a built-in).
  *
- * Tokens and loss mask. Every record gets bos in front and eos at the end
- * (when the tokenizer has them; the llama2 template places its own). Text
- * records train on every token. Prompt/completion and chat records train
- * only on the completion/assistant tokens and the end-of-turn text and eos
- * that close them (see chat.c for each template), unless train_on_all. bos
- * is never a target.
+ * Tokens and loss mask. A text record is en_tokenizer_encode(add_special=1),
+ * so it starts with bos exactly when the model's own tokenizer adds one
+ * (Llama yes; SmolLM2 and Qwen no), then eos when the tokenizer has one.
+ * Text records train on every token. Chat and prompt/completion records are
+ * tokenized by en_chat_render_encode with train spans: a Jinja template's
+ * render is encoded whole, as transformers does, its special tokens written
+ * by the template itself; a built-in one gets bos in front when the model's
+ * tokenizer adds one (en_tokenizer_adds_bos, as the server encodes prompts)
+ * and eos at the end when it has one (llama2 places its own). Only the
+ * assistant's tokens and the end-of-turn text (and eos) that closes each
+ * assistant turn are trained, unless train_on_all. A bos id that starts a record is
+ * never a target.
  *
  * Packing into windows of seq_len + 1 tokens (inputs are the first seq_len,
  * targets the last seq_len):
@@ -67,10 +76,14 @@ typedef struct en_data_config {
     int doc_sep_blank;    /* .txt: documents are separated by blank lines (else one per file) */
     int train_on_all;     /* loss on every token, not only completion/assistant tokens */
     int skip_bad_records; /* skip malformed records (counted) instead of failing */
-    en_chat_template_id chat_template; /* for prompt/completion and chat records */
+    /* For prompt/completion and chat records. Borrowed for the duration of
+     * en_dataset_create only (the dataset keeps the tokens, not the
+     * template); NULL means the built-in plain template. */
+    const en_chat_template *chat_template;
 } en_data_config;
 
-/* seq_len 1024, one document per .txt file, masked loss, strict, plain. */
+/* seq_len 1024, one document per .txt file, masked loss, strict, plain
+ * (chat_template NULL). */
 en_data_config en_data_config_default(void);
 
 typedef struct en_data_stats {
@@ -86,10 +99,10 @@ typedef struct en_data_stats {
 typedef struct en_dataset en_dataset;
 
 /* Read, validate, tokenize and pack n_files files in the order given
- * (records keep file order). Borrows tok only during the call; copies cfg
- * and the data. On failure *out is NULL and err says what and where (see
- * the top of this file). Thread-safe: concurrent calls share only the
- * tokenizer, which is immutable. */
+ * (records keep file order). Borrows tok and cfg->chat_template only during
+ * the call; copies cfg and the data. On failure *out is NULL and err says
+ * what and where (see the top of this file). Thread-safe: concurrent calls
+ * share only the tokenizer and template, which are immutable. */
 en_status en_dataset_create(const char *const *files, int n_files, const en_tokenizer *tok,
                             const en_data_config *cfg, en_dataset **out, en_err *err);
 void en_dataset_destroy(en_dataset *ds); /* NULL is a no-op */
@@ -107,6 +120,14 @@ const char *en_dataset_first_skipped(const en_dataset *ds);
  * ids and targets seq_len ids, where targets[t] is the token after
  * inputs[t], or -1 where no loss is taken or on padding. Thread-safe. */
 void en_dataset_window(const en_dataset *ds, int64_t i, int32_t *inputs, int32_t *targets);
+
+/* The tokens of window i as stored (0 <= i < n_windows, checked with
+ * EN_ASSERT): *ids and *train (borrowed, valid until ds changes) point at
+ * the window's tokens, train[k] = 1 when ids[k] takes a loss as a target.
+ * Returns the count, 2 .. seq_len + 1 (a shorter window is padded by
+ * en_dataset_window). For inspecting what a run trains on. */
+int64_t en_dataset_window_tokens(const en_dataset *ds, int64_t i, const int32_t **ids,
+                                 const uint8_t **train);
 
 /* Move a validation set out of ds: each record (document) goes to *val
  * when a uniform draw from (seed, record index) is below `fraction`, so the

@@ -104,7 +104,7 @@ static en_status config_save(const en_finetune_config *c, en_err *err) {
     json_object_set_new(r, "train_on_all", json_boolean(c->data_cfg.train_on_all));
     json_object_set_new(r, "skip_bad_records", json_boolean(c->data_cfg.skip_bad_records));
     json_object_set_new(r, "chat_template",
-                        json_string(en_chat_template_name(c->data_cfg.chat_template)));
+                        json_string(c->chat_template ? c->chat_template : "model"));
     json_object_set_new(r, "threads", json_integer(c->n_threads));
     json_object_set_new(r, "recompute", json_integer(c->recompute));
     char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -188,8 +188,10 @@ en_status en_finetune_config_load(const char *run_dir, en_finetune_config *c, vo
     GB("skip_bad_records", c->data_cfg.skip_bad_records);
     GI("threads", c->n_threads);
     GI("recompute", c->recompute);
-    json_t *ct = json_object_get(r, "chat_template");
-    if (json_is_string(ct)) en_chat_template_from_name(json_string_value(ct), &c->data_cfg.chat_template, NULL);
+    /* "model" (the model's own template), a built-in name, or a .jinja path;
+     * runs from before templates were objects wrote the built-in's name */
+    const char *ct = json_string_value(json_object_get(r, "chat_template"));
+    c->chat_template = ct && strcmp(ct, "model") != 0 ? ct : NULL;
 #undef GI
 #undef GF
 #undef GB
@@ -208,6 +210,7 @@ typedef struct run {
     const en_finetune_config *cfg;
     en_backend *be;
     en_tokenizer *tok;
+    en_chat_template *tmpl; /* for chat and prompt/completion records */
     en_model *model;
     en_lora *lora;
     en_dataset *train, *val;
@@ -639,39 +642,37 @@ static en_status write_final(run *r, en_err *err) {
     if (r->lora) /* under TP, lora_full holds what the final checkpoint gathered */
         return en_lora_save_peft(r->lora_full ? r->lora_full : r->lora, c->model_dir, c->run_dir,
                                  err);
+    /* model/ carries the base model's tokenizer files (tokenizer.json or
+     * .model, tokenizer_config.json, chat_template.jinja, ...) as they are */
     if (r->tp > 1) { /* full_p was gathered by the final checkpoint */
         char *dir = en_path_join(c->run_dir, "model");
         char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
-        char *tp = en_path_join(c->model_dir, "tokenizer.model");
         char(*fn)[160] = en_calloc((size_t)r->n_full_specs, 160);
         en_st_writer_item *it = fn ? full_items(r, r->full_p, "", fn, 1) : NULL;
-        en_status s = (dir && st && tp && it) ? en_mkdir_p(dir, err)
-                                              : EN_ERR(err, EN_ERR_NOMEM, "oom");
+        en_status s = (dir && st && it) ? en_mkdir_p(dir, err)
+                                        : EN_ERR(err, EN_ERR_NOMEM, "oom");
         if (s == EN_OK) s = en_st_write(st, it, r->n_full_specs, EN_DTYPE_F32, err);
         if (s == EN_OK) s = en_hf_write_config(en_model_get_hparams(r->model), dir, err);
         if (s == EN_OK)
-            s = en_hf_write_tokenizer(tp, en_tokenizer_bos(r->tok), en_tokenizer_eos(r->tok), dir,
-                                      err);
+            s = en_hf_copy_tokenizer(c->model_dir, dir, en_tokenizer_bos(r->tok),
+                                     en_tokenizer_eos(r->tok), NULL, err);
         en_free(it);
         en_free(fn);
         en_free(dir);
         en_free(st);
-        en_free(tp);
         return s;
     }
     char *dir = en_path_join(c->run_dir, "model");
     char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
-    char *tp = en_path_join(c->model_dir, "tokenizer.model");
-    en_status s = (dir && st && tp) ? en_mkdir_p(dir, err) : EN_ERR(err, EN_ERR_NOMEM, "oom");
+    en_status s = (dir && st) ? en_mkdir_p(dir, err) : EN_ERR(err, EN_ERR_NOMEM, "oom");
     if (s == EN_OK) s = en_model_save_safetensors(r->model, st, err);
     const en_model_hparams *hp = en_model_get_hparams(r->model);
     if (s == EN_OK) s = en_hf_write_config(hp, dir, err);
     if (s == EN_OK)
-        s = en_hf_write_tokenizer(tp, en_tokenizer_bos(r->tok), en_tokenizer_eos(r->tok), dir,
-                                  err);
+        s = en_hf_copy_tokenizer(c->model_dir, dir, en_tokenizer_bos(r->tok),
+                                 en_tokenizer_eos(r->tok), NULL, err);
     en_free(dir);
     en_free(st);
-    en_free(tp);
     return s;
 }
 
@@ -698,6 +699,7 @@ static void run_free(run *r) {
     if (r->model) en_model_set_lora(r->model, NULL, NULL);
     en_lora_destroy(r->lora);
     en_model_destroy(r->model);
+    en_chat_template_destroy(r->tmpl);
     en_tokenizer_destroy(r->tok);
     en_backend_destroy(r->be);
     en_comm_destroy(r->own_comm);
@@ -720,6 +722,56 @@ static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
                what, (long long)st->n_truncated, seq_len);
 }
 
+/* The template cfg->chat_template names (see trainer.h). */
+static en_status load_template(const en_finetune_config *cfg, const en_tokenizer *tok,
+                               en_chat_template **out, en_err *err) {
+    const char *v = cfg->chat_template;
+    size_t n = v ? strlen(v) : 0;
+    en_chat_template_id id;
+    en_status s;
+    if (!v)
+        s = en_chat_template_load(cfg->model_dir, NULL, tok, EN_CHAT_PLAIN, out, err);
+    else if (n > 6 && strcmp(v + n - 6, ".jinja") == 0)
+        s = en_chat_template_load(cfg->model_dir, v, tok, EN_CHAT_PLAIN, out, err);
+    else if (en_chat_template_from_name(v, &id, err) == EN_OK)
+        s = en_chat_template_builtin(id, out, err);
+    else
+        return EN_ERR(err, EN_ERR_ARG, "chat template \"%s\": not plain, llama2 or chatml, nor a "
+                      "file ending in .jinja", v);
+    if (s != EN_OK) en_err_prefix(err, "chat template");
+    return s;
+}
+
+/* Print a window: its ids, a 0/1 per id (1: the id is a target that takes
+ * a loss), and its text (each id's bytes, special tokens as their text) with
+ * the trained ids inside ⟦ ⟧. */
+static void dump_window(const run *r, int64_t w) {
+    const int32_t *ids;
+    const uint8_t *train;
+    int64_t n = en_dataset_window_tokens(r->train, w, &ids, &train), n_trained = 0;
+    for (int64_t k = 1; k < n; k++)
+        n_trained += train[k];
+    printf("window %lld (%lld tokens, %lld trained)\nids:", (long long)w, (long long)n,
+           (long long)n_trained);
+    for (int64_t k = 0; k < n; k++)
+        printf(" %d", (int)ids[k]);
+    printf("\ntrain:");
+    for (int64_t k = 0; k < n; k++)
+        printf(" %d", k > 0 && train[k]);
+    printf("\ntext: ");
+    int open = 0;
+    char buf[256];
+    for (int64_t k = 0; k < n; k++) {
+        int t = k > 0 && train[k];
+        if (t != open) fputs(t ? "\xe2\x9f\xa6" : "\xe2\x9f\xa7", stdout); /* ⟦ ⟧ */
+        open = t;
+        long m = en_tokenizer_token_bytes(r->tok, ids[k], buf, sizeof buf);
+        if (m > 0) fwrite(buf, 1, (size_t)m < sizeof buf ? (size_t)m : sizeof buf, stdout);
+    }
+    if (open) fputs("\xe2\x9f\xa7", stdout);
+    fputs("\n\n", stdout);
+}
+
 en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile sig_atomic_t *stop,
                           en_finetune_result *res, en_err *err) {
     run R;
@@ -730,7 +782,6 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     res->last_loss = res->last_val_loss = NAN;
     res->interrupted = 0;
     en_status s;
-    char *tp = NULL;
 
     if (cfg->n_data < 1) return EN_ERR(err, EN_ERR_ARG, "--data FILE is required");
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "--batch must be >= 1");
@@ -748,19 +799,8 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     en_backend_config bc = en_backend_config_default();
     bc.n_threads = cfg->n_threads;
     if ((s = en_backend_cpu_create(&bc, &r->be, err)) != EN_OK) goto fail;
-    tp = en_path_join(cfg->model_dir, "tokenizer.model");
-    if (!tp) {
-        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (!en_path_exists(tp)) {
-        s = EN_ERR(err, EN_ERR_IO,
-                   "%s: the model directory has no tokenizer.model (a SentencePiece model is "
-                   "needed to read the training data)",
-                   cfg->model_dir);
-        goto fail;
-    }
-    if ((s = en_tokenizer_create(tp, &r->tok, err)) != EN_OK) goto fail;
+    if ((s = en_tokenizer_load(cfg->model_dir, &r->tok, err)) != EN_OK) goto fail;
+    if ((s = load_template(cfg, r->tok, &r->tmpl, err)) != EN_OK) goto fail;
     en_model_params mp = en_model_params_default();
     mp.backend = r->be;
     mp.comm = r->comm;
@@ -769,8 +809,8 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     if ((s = en_model_load(cfg->model_dir, &mp, &r->model, err)) != EN_OK) goto fail;
     const en_model_hparams *hp = en_model_get_hparams(r->model);
     if (en_tokenizer_n_vocab(r->tok) > hp->n_vocab) {
-        s = EN_ERR(err, EN_ERR_FORMAT, "%s: tokenizer.model has %d pieces but vocab_size is %d",
-                   cfg->model_dir, en_tokenizer_n_vocab(r->tok), hp->n_vocab);
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s has %d tokens but the model's vocab_size is %d",
+                   en_tokenizer_file(r->tok), en_tokenizer_n_vocab(r->tok), hp->n_vocab);
         goto fail;
     }
     r->T = cfg->data_cfg.seq_len;
@@ -793,13 +833,15 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     }
 
     /* data */
-    en_log(EN_LOG_INFO, "reading %d training file(s)", cfg->n_data);
-    if ((s = en_dataset_create(cfg->data, cfg->n_data, r->tok, &cfg->data_cfg, &r->train, err)) !=
-        EN_OK)
+    en_data_config dc = cfg->data_cfg;
+    dc.chat_template = r->tmpl;
+    en_log(EN_LOG_INFO, "reading %d training file(s); tokenizer %s; chat template %s",
+           cfg->n_data, en_tokenizer_file(r->tok), en_chat_template_describe(r->tmpl));
+    if ((s = en_dataset_create(cfg->data, cfg->n_data, r->tok, &dc, &r->train, err)) != EN_OK)
         goto fail;
     if (cfg->n_val_data > 0) {
-        if ((s = en_dataset_create(cfg->val_data, cfg->n_val_data, r->tok, &cfg->data_cfg, &r->val,
-                                   err)) != EN_OK) {
+        if ((s = en_dataset_create(cfg->val_data, cfg->n_val_data, r->tok, &dc, &r->val, err)) !=
+            EN_OK) {
             en_err_prefix(err, "--val-data");
             goto fail;
         }
@@ -811,6 +853,14 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     }
     print_stats("train", r->train, r->T);
     if (r->val) print_stats("validation", r->val, r->T);
+    if (cfg->dump_data > 0) { /* rank 0 prints; every rank stops here */
+        int64_t nw = en_dataset_n_windows(r->train);
+        for (int64_t w = 0; r->main && w < nw && w < cfg->dump_data; w++)
+            dump_window(r, w);
+        fflush(stdout);
+        run_free(r);
+        return EN_OK;
+    }
 
     /* schedule */
     int64_t per_mb = (int64_t)r->B * r->T;
@@ -1096,12 +1146,10 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     res->steps_done = r->step;
     res->last_loss = last_loss;
     res->last_val_loss = val;
-    en_free(tp);
     run_free(r);
     return EN_OK;
 fail:
     if (r->progress) en_progress_finish(r->progress);
-    en_free(tp);
     run_free(r);
     return s;
 }

@@ -44,7 +44,19 @@ typedef struct en_finetune_config {
     float lora_alpha;
     unsigned lora_targets;
     int eval_every, eval_batches, save_every, keep, log_every;
-    en_data_config data_cfg;
+    en_data_config data_cfg; /* its chat_template is set by the run from the next field */
+    /* The chat template of chat and prompt/completion records: NULL uses the
+     * model's own (chat_template.jinja, else tokenizer_config.json's
+     * "chat_template"), else the built-in plain; "plain", "llama2" or
+     * "chatml" forces that built-in; a path ending in ".jinja" is read as a
+     * Jinja template. Borrowed. run.json records it ("model" for NULL) so
+     * that a resumed run renders its records identically. */
+    const char *chat_template;
+    /* > 0: write the first dump_data training windows to stdout (ids, their
+     * train flags, and the text with trained tokens inside ⟦ ⟧) and return
+     * before training; run_dir is then not used. Shows what a run would
+     * learn from. */
+    int dump_data;
     int n_threads;
     int recompute; /* en_recompute (models/train.h) */
     int sequence_parallel; /* with tp > 1: see en_train_config */
