@@ -2,7 +2,9 @@
  * cmd_eval.c - `energon eval`: mean negative log-likelihood and perplexity
  * of a model on a text file (plain or .gz).
  *
- * The text is tokenized as one document with BOS in front. Sequences longer
+ * The text is tokenized as one document the way the model's own tokenizer
+ * does (add_special: bos in front for Llama, nothing for SmolLM2 or Qwen);
+ * the first token is context, never scored. Sequences longer
  * than the context are scored in windows of n_ctx tokens that overlap by one
  * token, so every token after the first is predicted exactly once, with at
  * most n_ctx - 1 tokens of history.

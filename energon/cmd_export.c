@@ -1,8 +1,10 @@
 /*
  * cmd_export.c - `energon export`: merge a LoRA adapter into its base model
  * and write a plain Hugging Face directory (config.json, model.safetensors,
- * tokenizer files when the base has them) that energon and transformers load
- * without the adapter.
+ * and the base's tokenizer files as they are: tokenizer.json or .model,
+ * tokenizer_config.json, chat_template.jinja, generation_config.json, ...)
+ * that energon and transformers load without the adapter, and that renders
+ * chats and stops as the base does.
  */
 #include <stdio.h>
 #include <string.h>
@@ -49,21 +51,20 @@ int en_cmd_export(int argc, char **argv) {
     en_err err = {0};
     const en_lora *l = en_model_get_lora(cm.model);
     en_model_set_lora(cm.model, NULL, NULL);
-    char *st = NULL, *tp = en_path_join(lo.dir, "tokenizer.model");
+    char *st = NULL;
+    const en_model_hparams *hp = en_model_get_hparams(cm.model);
+    int n_tok_files = 0;
     if (en_lora_merge(l, cm.model, &err) || en_mkdir_p(out, &err) ||
         !(st = en_path_join(out, "model.safetensors")) ||
-        en_model_save_safetensors(cm.model, st, &err) ||
-        en_hf_write_config(en_model_get_hparams(cm.model), out, &err) ||
-        (tp && en_path_exists(tp) &&
-         en_hf_write_tokenizer(tp, en_model_get_hparams(cm.model)->bos_id,
-                               en_model_get_hparams(cm.model)->eos_id, out, &err))) {
+        en_model_save_safetensors(cm.model, st, &err) || en_hf_write_config(hp, out, &err) ||
+        en_hf_copy_tokenizer(lo.dir, out, hp->bos_id, hp->eos_id, &n_tok_files, &err)) {
         en_cli_error(CMD, "%s", err.msg[0] ? err.msg : "out of memory");
         rc = EN_EXIT_ERROR;
     } else {
-        fprintf(stderr, "energon export: merged %s into %s -> %s\n", lo.adapter, lo.dir, out);
+        fprintf(stderr, "energon export: merged %s into %s -> %s (%d tokenizer files)\n",
+                lo.adapter, lo.dir, out, n_tok_files);
     }
     en_free(st);
-    en_free(tp);
     en_cli_unload(&cm);
     return rc;
 }

@@ -4,11 +4,17 @@
  * Llama convention), norm weights 1, biases 0; the output projection of
  * each residual branch (o_proj, down_proj) is scaled by 1/sqrt(2 L) as in
  * GPT-2, so the residual stream does not grow with depth.
+ *
+ * The tokenizer comes from --tokenizer: a model directory (or its
+ * tokenizer.json), whose tokenizer files are copied as they are, or a bare
+ * SentencePiece model (from `energon tokenizer train`), for which
+ * tokenizer_config.json is written.
  */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../common/file.h"
 #include "../common/rng.h"
@@ -20,11 +26,39 @@
 #define CMD "init"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: energon init --config FILE.json --tokenizer tok.model --out DIR [--seed S]\n"
+    fprintf(f, "usage: energon init --config FILE.json --tokenizer TOK --out DIR [--seed S]\n"
                "\n"
                "FILE.json is a Hugging Face config (model_type llama, mistral or qwen2, sizes);\n"
-               "vocab_size may be left out to take the tokenizer's size. Writes DIR/config.json,\n"
-               "model.safetensors and the tokenizer files.\n");
+               "vocab_size may be left out to take the tokenizer's size. TOK is a SentencePiece\n"
+               "model (tok.model), or a model directory or its tokenizer.json, whose tokenizer\n"
+               "files (tokenizer_config.json, chat_template.jinja, ...) are copied. Writes\n"
+               "DIR/config.json, model.safetensors and the tokenizer files.\n");
+}
+
+/* The tokenizer files of the new model (see the top of the file). */
+static en_status write_tokenizer(const char *tok_path, const en_tokenizer *tok, const char *out,
+                                 en_err *err) {
+    const int32_t bos = en_tokenizer_bos(tok), eos = en_tokenizer_eos(tok);
+    struct stat sb;
+    if (stat(tok_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return en_hf_copy_tokenizer(tok_path, out, bos, eos, NULL, err);
+    const char *slash = strrchr(tok_path, '/');
+    const char *base = slash ? slash + 1 : tok_path;
+    if (strcmp(base, "tokenizer.json") == 0) { /* the files of its directory */
+        char *dir = en_strndup(tok_path, (size_t)(base - tok_path));
+        en_status s = dir ? en_hf_copy_tokenizer(dir[0] ? dir : ".", out, bos, eos, NULL, err)
+                          : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        en_free(dir);
+        return s;
+    }
+    if (en_tokenizer_is_hf(tok)) { /* another name: it becomes the model's tokenizer.json */
+        char *dst = en_path_join(out, "tokenizer.json");
+        en_status s = dst ? en_file_copy(tok_path, dst, err)
+                          : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        en_free(dst);
+        return s;
+    }
+    return en_hf_write_tokenizer(tok_path, bos, eos, out, err);
 }
 
 int en_cmd_init(int argc, char **argv) {
@@ -177,8 +211,8 @@ int en_cmd_init(int argc, char **argv) {
     char *st = NULL;
     if (en_mkdir_p(out, &err) || !(st = en_path_join(out, "model.safetensors")) ||
         en_st_write(st, items, n_items, EN_DTYPE_F32, &err) || en_hf_write_config(&hp, out, &err) ||
-        en_hf_write_tokenizer(tok_path, en_tokenizer_bos(tok), en_tokenizer_eos(tok), out, &err)) {
-        en_cli_error(CMD, "%s", err.msg);
+        write_tokenizer(tok_path, tok, out, &err)) {
+        en_cli_error(CMD, "%s", err.msg[0] ? err.msg : "out of memory");
         en_free(st);
         goto done_names;
     }

@@ -8,7 +8,12 @@
  * the same logits). Here: (a) base + adapter applied on the fly, (b) the
  * directory written by `energon export`, loaded back, and (c) an adapter
  * saved by en_lora_save_peft and loaded again all give those logits within
- * 1e-4 relative; (d) broken adapters are refused with clear messages.
+ * 1e-4 relative; (d) broken adapters are refused with clear messages;
+ * (e) the exported directory carries the base's tokenizer files byte for
+ * byte (tokenizer.json, tokenizer_config.json, chat_template.jinja,
+ * generation_config.json, special_tokens_map.json), and a base with only a
+ * tokenizer.model (the shared stories260K one, when present) gets the
+ * tokenizer_config.json transformers needs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +149,69 @@ int main(void) {
         printf("  refused %-15s %s\n", bad[i].what, err.msg);
         en_lora_destroy(lb);
     }
+    /* (e) tokenizer files travel with the export */
+    static const struct {
+        const char *name, *body;
+    } tok_files[] = {
+        {"tokenizer.json", "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\"}}\n"},
+        {"tokenizer_config.json", "{\"bos_token\": null, \"eos_token\": \"<|im_end|>\"}\n"},
+        {"chat_template.jinja", "{% for m in messages %}{{ m['content'] }}{% endfor %}"},
+        {"generation_config.json", "{\"eos_token_id\": [2, 7]}\n"},
+        {"special_tokens_map.json", "{\"eos_token\": \"<|im_end|>\"}\n"},
+    };
+    char *tbase = en_path_join(dir, "tokbase"), *tout = en_path_join(dir, "tokout");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/model.safetensors %s/", tbase,
+             BASE, BASE, tbase);
+    CHECK(system(cmd) == 0);
+    for (size_t i = 0; i < sizeof tok_files / sizeof tok_files[0]; i++) {
+        char *fp = en_path_join(tbase, tok_files[i].name);
+        CHECK(en_file_write_atomic(fp, tok_files[i].body, strlen(tok_files[i].body), &err) ==
+              EN_OK);
+        en_free(fp);
+    }
+    snprintf(cmd, sizeof cmd, "%s export --model %s --adapter %s --out %s 2>/dev/null", EN_BINARY,
+             tbase, ADAPTER, tout);
+    CHECK(system(cmd) == 0, "energon export of a base with tokenizer files failed");
+    for (size_t i = 0; i < sizeof tok_files / sizeof tok_files[0]; i++) {
+        char *fp = en_path_join(tout, tok_files[i].name);
+        size_t len = 0;
+        char *got = en_test_read_file(fp, &len);
+        CHECK(got && len == strlen(tok_files[i].body) && memcmp(got, tok_files[i].body, len) == 0,
+              "(e) %s not carried into the export byte for byte", tok_files[i].name);
+        free(got);
+        en_free(fp);
+    }
+    printf("(e) export carries tokenizer.json, tokenizer_config.json, chat_template.jinja, "
+           "generation_config.json, special_tokens_map.json\n");
+    char spm[1024];
+    snprintf(spm, sizeof spm, "%s/models/stories260K/tok512.model", EN_SHARED_DIR);
+    if (en_test_exists(spm)) {
+        char mk[4096];
+        snprintf(mk, sizeof mk,
+                 "rm -rf %s %s && mkdir -p %s && cp %s/config.json %s/model.safetensors %s %s/ && "
+                 "mv %s/tok512.model %s/tokenizer.model",
+                 tbase, tout, tbase, BASE, BASE, spm, tbase, tbase, tbase);
+        CHECK(system(mk) == 0);
+        snprintf(cmd, sizeof cmd, "%s export --model %s --adapter %s --out %s 2>/dev/null",
+                 EN_BINARY, tbase, ADAPTER, tout);
+        CHECK(system(cmd) == 0, "energon export of a base with a bare tokenizer.model failed");
+        char *fp = en_path_join(tout, "tokenizer_config.json");
+        size_t len = 0;
+        char *got = en_test_read_file(fp, &len);
+        CHECK(got && strstr(got, "\"LlamaTokenizer\""),
+              "(e) a bare tokenizer.model base: no tokenizer_config.json written in the export");
+        free(got);
+        en_free(fp);
+        fp = en_path_join(tout, "tokenizer.model");
+        CHECK(en_test_exists(fp), "(e) tokenizer.model not carried");
+        en_free(fp);
+        printf("(e) a base with only tokenizer.model: export writes tokenizer_config.json\n");
+    } else {
+        printf("(e) skipping the tokenizer.model-only base: %s is absent\n", spm);
+    }
+    en_free(tbase);
+    en_free(tout);
+
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
     en_free(bdir);
