@@ -10,7 +10,16 @@
 #     counted with --skip-bad-records); a model without a tokenizer is refused;
 #  4. (needs ../shared) LoRA on stories260K lowers the loss of a held-out text
 #     it has never seen; the exported merged model scores exactly what base +
-#     adapter scores.
+#     adapter scores;
+#  5. (needs SmolLM2-135M-Instruct's Hugging Face directory at
+#     ${ENERGON_SMOLLM2_DIR:-$HOME/.cache/energon/smollm2/hf}, made by
+#     shared/models/smollm2/get.sh DIR --hf) chat records render with the
+#     model's own template (--dump-data shows its default system prompt and
+#     the assistant turns as the trained ids), a few LoRA steps give finite
+#     losses (the first equal to transformers' loss on the same ids and mask,
+#     when torch and transformers are installed) and a PEFT adapter, resume
+#     renders identically, and `energon export` carries tokenizer.json,
+#     tokenizer_config.json and chat_template.jinja.
 set -u
 ENERGON=$1
 FIX=$2
@@ -124,10 +133,13 @@ long=$(for i in $(seq 1 60); do printf 'crate %d ' "$i"; done)
 printf '{"prompt": "list the crates", "completion": "%s"}\n' "$long" >>"$T/qa.jsonl"
 expect "record longer than --seq-len" 0 "1 records were longer than --seq-len 64" -- "$ENERGON" "${FT[@]}" --data "$T/qa.jsonl" --out "$T/x7"
 mkdir -p "$T/notok"; cp "$T/base/config.json" "$T/base/model.safetensors" "$T/notok/"
-expect "model without a tokenizer" 1 "no tokenizer.model" -- "$ENERGON" finetune --model "$T/notok" --data "$T/qa.jsonl" --out "$T/x8"
+expect "model without a tokenizer" 1 "no tokenizer.json or tokenizer.model" -- "$ENERGON" finetune --model "$T/notok" --data "$T/qa.jsonl" --out "$T/x8"
 expect "missing data file" 1 "$T/nope.txt" -- "$ENERGON" "${FT[@]}" --data "$T/nope.txt" --out "$T/x9"
 expect "bad --lora-targets" 2 "unknown LoRA target 'qq'" -- "$ENERGON" "${FT[@]}" --data "$T/qa.jsonl" --lora-rank 4 --lora-targets q,qq --out "$T/x10"
 expect "resume of a non-run" 1 "not a run directory" -- "$ENERGON" finetune --resume "$T/base"
+expect "unknown --chat-template" 2 "--chat-template: unknown chat template \"vicuna\"" -- "$ENERGON" "${FT[@]}" --data "$T/qa.jsonl" --chat-template vicuna --out "$T/x11"
+expect "missing .jinja file" 1 "$T/nope.jinja" -- "$ENERGON" "${FT[@]}" --data "$T/qa.jsonl" --chat-template "$T/nope.jinja" --out "$T/x12"
+expect "--chat-template with --resume" 2 "--resume takes the model" -- "$ENERGON" finetune --resume "$T/ref" --chat-template chatml
 
 # 4. LoRA on stories260K
 S=$SHARED/models/stories260K
@@ -158,6 +170,93 @@ if [ -f "$S/stories260K.bin" ]; then
         ok "LoRA run reports frozen base without optimizer state, and peak memory" || bad "LoRA memory report missing"
 else
     echo "  (skipping the stories260K LoRA checks: $S is absent)"
+fi
+
+# 5. SmolLM2-135M-Instruct: its own chat template, LoRA, export
+H=${ENERGON_SMOLLM2_DIR:-$HOME/.cache/energon/smollm2/hf}
+if [ -f "$H/model.safetensors" ] && [ -f "$H/tokenizer.json" ] && [ -f "$H/chat_template.jinja" ]; then
+    cat >"$T/smol.jsonl" <<'JSONL'
+{"messages": [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris is the capital of France."}]}
+{"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a prime number."}, {"role": "assistant", "content": "7 is a prime number."}, {"role": "user", "content": "And an even one?"}, {"role": "assistant", "content": "2 is the only even prime."}]}
+{"messages": [{"role": "user", "content": [{"type": "text", "text": "Which colour is the sky "}, {"type": "text", "text": "on a clear day?"}]}, {"role": "assistant", "content": "The sky is blue on a clear day."}]}
+{"prompt": "Two plus two is", "completion": " four."}
+JSONL
+    SM=(finetune --model "$H" --data "$T/smol.jsonl" --seq-len 96 --threads 2)
+    "$ENERGON" "${SM[@]}" --dump-data 3 >"$T/smol.dump" 2>"$T/smol.dump.err" ||
+        { bad "SmolLM2 --dump-data"; head -3 "$T/smol.dump.err"; }
+    # window 0 is the first record: the template's default system prompt (the
+    # record has none), and exactly the answer plus its end-of-turn is trained
+    if grep -qxF 'You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>' "$T/smol.dump" &&
+       grep -qxF '⟦Paris is the capital of France.<|im_end|>' "$T/smol.dump" &&
+       grep -qxF '⟦2 is the only even prime.<|im_end|>' "$T/smol.dump" &&
+       grep -q "chat template $H/chat_template.jinja" "$T/smol.dump.err" &&
+       [ "$(grep -c '^window ' "$T/smol.dump")" -eq 3 ] && ! grep -q '⟦[^⟧]*<|im_start|>' "$T/smol.dump"; then
+        ok "SmolLM2 records rendered with the model's chat_template.jinja: $(head -1 "$T/smol.dump")"
+    else
+        bad "SmolLM2 records not rendered with the model's own template"; head -12 "$T/smol.dump" | sed 's/^/  | /'
+    fi
+    # --chat-template chatml forces the built-in: no default system prompt
+    "$ENERGON" "${SM[@]}" --chat-template chatml --dump-data 1 >"$T/smol.chatml" 2>/dev/null
+    if ! grep -q "named SmolLM" "$T/smol.chatml" && grep -qxF 'text: <|im_start|>user' "$T/smol.chatml"; then
+        ok "--chat-template chatml overrides the model's template"
+    else
+        bad "--chat-template chatml did not override"; head -4 "$T/smol.chatml" | sed 's/^/  | /'
+    fi
+    # a few LoRA steps; batch 3 holds every window, so step 1 is the base model's loss
+    "$ENERGON" "${SM[@]}" --batch 3 --steps 3 --lora-rank 8 --lr 1e-3 --seed 5 --out "$T/smol" \
+        >"$T/smol.log" 2>&1 || { bad "SmolLM2 LoRA run"; tail -3 "$T/smol.log"; }
+    sl=$(losses "$T/smol/metrics.jsonl" 2>/dev/null | cut -d' ' -f2 | paste -sd' ')
+    if [ "$(echo "$sl" | wc -w)" -eq 3 ] && awk -v l="$sl" 'BEGIN { n = split(l, a, " "); for (i = 1; i <= n; i++) if (!(a[i] + 0 > 0 && a[i] + 0 < 20)) exit 1 }' &&
+       [ -f "$T/smol/adapter_model.safetensors" ] && grep -q '"r": 8' "$T/smol/adapter_config.json"; then
+        ok "SmolLM2 LoRA rank 8, 3 steps: losses $sl; PEFT adapter written"
+    else
+        bad "SmolLM2 LoRA run: losses '$sl', adapter: $(ls "$T/smol" 2>&1 | paste -sd' ')"
+    fi
+    grep -q '"chat_template": "model"' "$T/smol/run.json" && ok "run.json records the model's own template" ||
+        bad "run.json chat_template: $(grep chat_template "$T/smol/run.json")"
+    "$ENERGON" finetune --resume "$T/smol" --dump-data 3 >"$T/smol.resume.dump" 2>/dev/null
+    cmp -s "$T/smol.dump" "$T/smol.resume.dump" && ok "--resume renders the records identically" ||
+        bad "--resume renders differently"
+    if python3 -c 'import torch, transformers' 2>/dev/null; then
+        want=$(python3 - "$H" "$T/smol.dump" <<'PY' 2>"$T/py.err"
+import re, sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+s, n = 0.0, 0
+for block in open(sys.argv[2], encoding="utf-8").read().split("\nwindow ")[0:]:
+    ids = [int(x) for x in re.search(r"\nids: ([0-9 ]+)\n", block).group(1).split()]
+    train = [int(x) for x in re.search(r"\ntrain: ([01 ]+)\n", block).group(1).split()]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    for t in range(len(ids) - 1):
+        if train[t + 1]:
+            s -= lp[t, ids[t + 1]].item()
+            n += 1
+print(f"{s / n:.9f} {n}")
+PY
+)
+        got=$(head -1 "$T/smol/metrics.jsonl" | sed -E 's/.*"loss":([^,]+),.*"trained_tokens":([0-9]+),.*/\1 \2/')
+        if [ -n "$want" ] && awk -v w="$want" -v g="$got" 'BEGIN { split(w, a, " "); split(g, b, " "); d = a[1] - b[1]; if (d < 0) d = -d; exit !(a[2] == b[2] && d <= 1e-4 * a[1]) }'; then
+            ok "SmolLM2 step-1 loss $got (loss, trained ids) equals transformers' $want on the dumped ids and mask"
+        else
+            bad "SmolLM2 step-1 loss $got differs from transformers' '$want' $(tail -1 "$T/py.err")"
+        fi
+    else
+        echo "  (skipping the transformers loss check: python3 cannot import torch and transformers)"
+    fi
+    "$ENERGON" export --model "$H" --adapter "$T/smol" --out "$T/smol_merged" 2>"$T/smol_export.log" ||
+        { bad "export of the SmolLM2 run"; tail -2 "$T/smol_export.log"; }
+    missing=""
+    for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
+        cmp -s "$H/$f" "$T/smol_merged/$f" || missing="$missing $f"
+    done
+    [ -z "$missing" ] && ok "export carries tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json unchanged" ||
+        bad "export lacks or changed:$missing"
+    "$ENERGON" finetune --model "$T/smol_merged" --data "$T/smol.jsonl" --seq-len 96 --dump-data 3 >"$T/merged.dump" 2>/dev/null
+    cmp -s "$T/smol.dump" "$T/merged.dump" && ok "the exported model renders and tokenizes the records as the base does" ||
+        bad "the exported model renders differently from the base"
+else
+    echo "  (skipping the SmolLM2 checks: no Hugging Face SmolLM2 directory at $H; make one with shared/models/smollm2/get.sh $H --hf, or set ENERGON_SMOLLM2_DIR)"
 fi
 
 echo "test_finetune: $pass passed, $fail failed"
