@@ -117,8 +117,8 @@ static en_status add_special_ids(en_tokenizer *t, const tok_config *c) {
         en_hf_tokenizer_post_ids(t->hf, &pre, &np, &suf, &ns);
         t->n_prefix = np < 4 ? np : 4;
         t->n_suffix = ns < 4 ? ns : 4;
-        memcpy(t->prefix, pre, (size_t)t->n_prefix * sizeof *pre);
-        memcpy(t->suffix, suf, (size_t)t->n_suffix * sizeof *suf);
+        if (t->n_prefix) memcpy(t->prefix, pre, (size_t)t->n_prefix * sizeof *pre);
+        if (t->n_suffix) memcpy(t->suffix, suf, (size_t)t->n_suffix * sizeof *suf);
         return EN_OK;
     }
     /* transformers rebuilds the post-processor from add_bos_token /
@@ -393,8 +393,8 @@ static en_status wrap_special(const en_tokenizer *t, size_t len, int32_t **ids, 
         ni[k] = t->prefix[i];
         if (no) no[k] = 0;
     }
-    memcpy(ni + k, *ids, *n * sizeof *ni);
-    if (no) memcpy(no + k, *offsets, *n * sizeof *no);
+    if (*n) memcpy(ni + k, *ids, *n * sizeof *ni);
+    if (no && *n) memcpy(no + k, *offsets, *n * sizeof *no);
     k += *n;
     for (int i = 0; i < t->n_suffix; i++, k++) {
         ni[k] = t->suffix[i];
