@@ -16,6 +16,12 @@ extern "C" {
  * whole buffer is valid. */
 size_t en_utf8_first_invalid(const unsigned char *s, size_t len);
 
+/* The length (1..4) of the well-formed character at s[0..n) (n >= 1), or 0
+ * when it is not one; then *bad is the length of the maximal ill-formed
+ * subpart there (what a lossy decoder replaces with one U+FFFD, as Rust's
+ * String::from_utf8_lossy and Python do). */
+size_t en_utf8_char(const unsigned char *s, size_t n, size_t *bad);
+
 #ifdef __cplusplus
 }
 #endif

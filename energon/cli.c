@@ -264,6 +264,16 @@ int en_cli_template_stop_ids(const en_chat_template *t, const en_tokenizer *tok,
     return n;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double en_cli_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 void en_cli_dir_basename(const char *dir, char *out, size_t cap) {
     en_path_basename(dir, out, cap);
     if (!out[0]) snprintf(out, cap, "energon");

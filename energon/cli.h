@@ -80,6 +80,9 @@ int en_cli_chat_template(const char *cmd, const char *dir, const char *value,
 int en_cli_template_stop_ids(const en_chat_template *t, const en_tokenizer *tok, int32_t *ids,
                              int cap);
 
+/* The median of n > 0 values (sorts v in place): how benchmarks report. */
+double en_cli_median(double *v, int n);
+
 /* The last path component of dir, without trailing slashes
  * ("models/hr-bot/" -> "hr-bot"), cut to fit out[cap] (cap >= 1); "energon"
  * when there is none ("/"). The name a served model goes by by default. */

@@ -39,16 +39,6 @@ static void usage(FILE *f) {
                "  --json         one JSON object per line\n");
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* `bench train`: median time of full optimizer steps (zero grads, forward,
  * backward, AdamW over every trainable tensor) on one random batch.
  * Model FLOPs per token: 6 per weight of every matmul (forward 2, backward
@@ -115,7 +105,7 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
         }
         times[s] = en_time_now() - t0;
     }
-    double med = median(times + 2, steps);
+    double med = en_cli_median(times + 2, steps);
     double tps = (double)B * T / med;
     const double C = hp->n_embd, F = hp->n_ff, L = hp->n_layer, V = hp->n_vocab;
     const double QD = (double)hp->n_head * hp->head_dim, KVD = (double)hp->n_kv_head * hp->head_dim;
@@ -223,7 +213,7 @@ static int bench_decode_batched(const char *cmd, en_cli_model *cm, int seqs, int
         }
         if (r >= 0) times[r] = en_time_now() - t0;
     }
-    double med = median(times, repeats);
+    double med = en_cli_median(times, repeats);
     double steps = tokens / med, bytes = (double)en_model_param_bytes(cm->model);
     if (json_out)
         printf("{\"bench\":\"decode\",\"seqs\":%d,\"tokens\":%d,\"repeats\":%d,"
@@ -352,7 +342,7 @@ int en_cmd_bench(int argc, char **argv) {
         double dt = en_time_now() - t0;
         if (r >= 0) times[r] = dt;
     }
-    double med = median(times, repeats);
+    double med = en_cli_median(times, repeats);
     double tps = tokens / med;
     double bytes = (double)en_model_param_bytes(cm.model);
     /* Forward FLOPs per token ~ 2 * parameters (matmuls), ignoring attention. */

@@ -15,11 +15,6 @@
 
 int en_cmd_bench_tokenize(int argc, char **argv);
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int en_cmd_bench_tokenize(int argc, char **argv) {
     const char *model = NULL, *text_path = NULL;
     int repeats = 5, json_out = 0, bad = 0, max_bytes = 0;
@@ -80,8 +75,7 @@ int en_cmd_bench_tokenize(int argc, char **argv) {
         en_free(ids);
     }
     if (rc == EN_EXIT_OK && t) {
-        qsort(t, (size_t)repeats, sizeof *t, cmp_d);
-        double med = t[repeats / 2], mbs = (double)len / 1e6 / med;
+        double med = en_cli_median(t, repeats), mbs = (double)len / 1e6 / med;
         if (json_out)
             printf("{\"bench\":\"tokenize\",\"tokenizer\":\"%s\",\"bytes\":%zu,\"tokens\":%zu,"
                    "\"median_s\":%.6f,\"mb_per_s\":%.3f}\n",

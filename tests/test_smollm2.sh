@@ -79,15 +79,22 @@ EOF
 done
 
 # ---- serve with the openai client
-"$ENERGON" serve --model "$M" --port 0 --threads 2 --model-name smollm2 >"$T/serve.log" 2>&1 &
-SPID=$!
-URL=
-for _ in $(seq 1 600); do
-    URL=$(grep -o 'listening on http://[^ ]*' "$T/serve.log" | head -1 | sed 's/listening on //')
-    [ -n "$URL" ] && break
-    kill -0 "$SPID" 2>/dev/null || break
-    sleep 0.1
-done
+# start_server LOG [ARGS...]: serve SmolLM2 in the background; sets SPID, and
+# URL once the "listening on" line is out (empty if it never came).
+start_server() {
+    local log=$1
+    shift
+    "$ENERGON" serve --model "$M" --port 0 --threads 2 --model-name smollm2 "$@" >"$log" 2>&1 &
+    SPID=$!
+    URL=
+    for _ in $(seq 1 600); do
+        URL=$(grep -o 'listening on http://[^ ]*' "$log" | head -1 | sed 's/listening on //')
+        [ -n "$URL" ] && break
+        kill -0 "$SPID" 2>/dev/null || break
+        sleep 0.1
+    done
+}
+start_server "$T/serve.log"
 if [ -z "$URL" ]; then
     bad "serve did not start"; cat "$T/serve.log"
 else
@@ -134,16 +141,7 @@ cat >"$T/strict.jinja" <<'JINJA'
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
 {% endif %}
 JINJA
-"$ENERGON" serve --model "$M" --port 0 --threads 2 --model-name smollm2 \
-    --chat-template "$T/strict.jinja" >"$T/serve2.log" 2>&1 &
-SPID=$!
-URL=
-for _ in $(seq 1 600); do
-    URL=$(grep -o 'listening on http://[^ ]*' "$T/serve2.log" | head -1 | sed 's/listening on //')
-    [ -n "$URL" ] && break
-    kill -0 "$SPID" 2>/dev/null || break
-    sleep 0.1
-done
+start_server "$T/serve2.log" --chat-template "$T/strict.jinja"
 if [ -n "$URL" ] && "$PY" - "$URL" <<'EOF'
 import sys, openai
 c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", timeout=300)

@@ -9,6 +9,7 @@
  */
 #include <string.h>
 
+#include "../common/utf8.h"
 #include "hf_impl.h"
 
 typedef struct toks {
@@ -52,41 +53,10 @@ static en_status buf_put(buf *b, const void *s, size_t n) {
     return EN_OK;
 }
 
-/* Length of the valid UTF-8 char at s (or 0 when invalid) and, when
- * invalid, in *bad the length of the maximal subpart Rust replaces. */
-static size_t utf8_valid(const unsigned char *s, size_t n, size_t *bad) {
-    unsigned c = s[0];
-    size_t need;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else {
-        *bad = 1;
-        return 0;
-    }
-    for (size_t k = 1; k <= need; k++) {
-        unsigned b = k < n ? s[k] : 0x100;
-        unsigned l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
-        if (b < l || b > h) {
-            *bad = k;
-            return 0;
-        }
-    }
-    return need + 1;
-}
-
 static en_status put_lossy(buf *b, const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        size_t bad = 0, l = utf8_valid(u + i, n - i, &bad);
+        size_t bad = 0, l = en_utf8_char(u + i, n - i, &bad);
         if (l) {
             EN_TRY(buf_put(b, s + i, l));
             i += l;
@@ -156,7 +126,7 @@ static en_status dec_bytefallback(toks *in, toks *out) {
         if (bytes.n > 0) {
             size_t bad = 0, j = 0;
             while (j < bytes.n) {
-                size_t l = utf8_valid((unsigned char *)bytes.p + j, bytes.n - j, &bad);
+                size_t l = en_utf8_char((unsigned char *)bytes.p + j, bytes.n - j, &bad);
                 if (!l) break;
                 j += l;
             }

@@ -78,6 +78,9 @@ typedef struct hf_work {
 /* Swap str<->tmp_str (and pieces) after a stage wrote into tmp_*. */
 void hf_work_swap_str(hf_work *w);
 void hf_work_swap_pcs(hf_work *w);
+/* Append bytes [from, from + n) of w->str, with their alignments, to
+ * w->tmp_str. */
+en_status hf_work_copy(hf_work *w, size_t from, size_t n);
 
 /* ---- regex and split behaviours ---- */
 typedef enum hf_behavior {

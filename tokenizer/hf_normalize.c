@@ -32,17 +32,6 @@ static en_status copy_piece(hf_work *w, const hf_piece *p) {
     return hf_pieces_push(&w->tmp_pcs, off, p->len, p->id);
 }
 
-static en_status copy_range(hf_work *w, size_t from, size_t n) {
-    hf_nstr *o = &w->tmp_str;
-    if (n == 0) return EN_OK;
-    EN_TRY(hf_nstr_reserve(o, n));
-    memcpy(o->s + o->n, w->str.s + from, n);
-    memcpy(o->a0 + o->n, w->str.a0 + from, n * sizeof(uint32_t));
-    memcpy(o->a1 + o->n, w->str.a1 + from, n * sizeof(uint32_t));
-    o->n += n;
-    return EN_OK;
-}
-
 static en_status unicode_piece(hf_work *w, const hf_piece *p, utf8proc_option_t opt) {
     const char *s = w->str.s;
     size_t i = p->off, end = p->off + p->len;
@@ -50,7 +39,7 @@ static en_status unicode_piece(hf_work *w, const hf_piece *p, utf8proc_option_t 
         size_t j = i + (size_t)hf_utf8_len((unsigned char)s[i]);
         while (j < end && (unsigned char)s[j] >= 0x80) j++;
         if (j - i == 1) { /* a lone ASCII char is its own normal form */
-            EN_TRY(copy_range(w, i, 1));
+            EN_TRY(hf_work_copy(w, i, 1));
             i = j;
             continue;
         }
@@ -60,7 +49,7 @@ static en_status unicode_piece(hf_work *w, const hf_piece *p, utf8proc_option_t 
         if (r < 0) return r == UTF8PROC_ERROR_NOMEM ? EN_ERR_NOMEM : EN_ERR_ARG;
         en_status st;
         if ((size_t)r == j - i && memcmp(dst, s + i, j - i) == 0)
-            st = copy_range(w, i, j - i);
+            st = hf_work_copy(w, i, j - i);
         else
             st = hf_nstr_push(&w->tmp_str, (const char *)dst, (size_t)r, w->str.a0[i],
                               w->str.a1[j - 1]);
@@ -100,7 +89,7 @@ static en_status replace_piece(const hf_norm *nm, hf_work *w, const hf_piece *p)
     for (size_t k = 0; k < w->m_n; k++) {
         size_t s = p->off + w->m[k][0], e = p->off + w->m[k][1];
         if (!w->mflag[k]) {
-            EN_TRY(copy_range(w, s, e - s));
+            EN_TRY(hf_work_copy(w, s, e - s));
             continue;
         }
         /* inserted chars take the alignment of the byte before the end */
@@ -122,7 +111,7 @@ static en_status strip_piece(const hf_norm *nm, hf_work *w, const hf_piece *p) {
         if (!hf_is_whitespace(hf_utf8_decode(s + k, &l))) break;
         e = k;
     }
-    return copy_range(w, b, e - b);
+    return hf_work_copy(w, b, e - b);
 }
 
 static en_status one_piece(const hf_norm *nm, hf_work *w, const hf_piece *p) {
@@ -140,7 +129,7 @@ static en_status one_piece(const hf_norm *nm, hf_work *w, const hf_piece *p) {
         if (p->len > 0)
             EN_TRY(hf_nstr_push(&w->tmp_str, nm->str, nm->str_len, w->str.a0[p->off],
                                 w->str.a1[p->off]));
-        return copy_range(w, p->off, p->len);
+        return hf_work_copy(w, p->off, p->len);
     case HF_NORM_REPLACE: return replace_piece(nm, w, p);
     case HF_NORM_STRIP: return strip_piece(nm, w, p);
     default: return EN_ERR_ARG;

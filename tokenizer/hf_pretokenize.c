@@ -95,24 +95,13 @@ static en_status split_stage(const hf_pretok *pt, hf_work *w) {
     return EN_OK;
 }
 
-static en_status copy_bytes(hf_work *w, size_t from, size_t n) {
-    hf_nstr *o = &w->tmp_str;
-    if (n == 0) return EN_OK;
-    EN_TRY(hf_nstr_reserve(o, n));
-    memcpy(o->s + o->n, w->str.s + from, n);
-    memcpy(o->a0 + o->n, w->str.a0 + from, n * sizeof(uint32_t));
-    memcpy(o->a1 + o->n, w->str.a1 + from, n * sizeof(uint32_t));
-    o->n += n;
-    return EN_OK;
-}
-
 /* ByteLevel's add_prefix_space and Metaspace's replace + prepend. */
 static en_status prefix_piece(const hf_pretok *pt, hf_work *w, const hf_piece *p) {
     const char *s = w->str.s + p->off;
     if (pt->type == HF_PT_BYTELEVEL) {
         if (p->len > 0 && s[0] != ' ')
             EN_TRY(hf_nstr_push(&w->tmp_str, " ", 1, w->str.a0[p->off], w->str.a1[p->off]));
-        return copy_bytes(w, p->off, p->len);
+        return hf_work_copy(w, p->off, p->len);
     }
     /* Metaspace: the prepend test looks at the string after replacement */
     int starts = p->len > 0 && (s[0] == ' ' || (p->len >= (size_t)pt->repl_len &&
@@ -126,12 +115,12 @@ static en_status prefix_piece(const hf_pretok *pt, hf_work *w, const hf_piece *p
     size_t run = p->off, end = p->off + p->len;
     for (size_t i = p->off; i < end; i++) {
         if (w->str.s[i] != ' ') continue;
-        EN_TRY(copy_bytes(w, run, i - run));
+        EN_TRY(hf_work_copy(w, run, i - run));
         EN_TRY(hf_nstr_push(&w->tmp_str, pt->repl, (size_t)pt->repl_len, w->str.a0[i],
                             w->str.a1[i]));
         run = i + 1;
     }
-    return copy_bytes(w, run, end - run);
+    return hf_work_copy(w, run, end - run);
 }
 
 static en_status bytemap_piece(const hf_pretok *pt, hf_work *w, const hf_piece *p) {
@@ -161,7 +150,7 @@ static en_status transform_stage(const hf_pretok *pt, hf_work *w,
         const hf_piece *p = &w->pcs.v[i];
         size_t off = w->tmp_str.n;
         if (p->id >= 0)
-            EN_TRY(copy_bytes(w, p->off, p->len));
+            EN_TRY(hf_work_copy(w, p->off, p->len));
         else
             EN_TRY(fn(pt, w, p));
         EN_TRY(hf_pieces_push(&w->tmp_pcs, off, w->tmp_str.n - off, p->id));

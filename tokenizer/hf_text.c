@@ -346,3 +346,14 @@ en_status hf_split_apply(hf_work *w, hf_behavior behavior, int invert, size_t of
             EN_TRY(hf_pieces_push(out, off + w->m[i][0], w->m[i][1] - w->m[i][0], -1));
     return EN_OK;
 }
+
+en_status hf_work_copy(hf_work *w, size_t from, size_t n) {
+    hf_nstr *o = &w->tmp_str;
+    if (n == 0) return EN_OK;
+    EN_TRY(hf_nstr_reserve(o, n));
+    memcpy(o->s + o->n, w->str.s + from, n);
+    memcpy(o->a0 + o->n, w->str.a0 + from, n * sizeof(uint32_t));
+    memcpy(o->a1 + o->n, w->str.a1 + from, n * sizeof(uint32_t));
+    o->n += n;
+    return EN_OK;
+}
