@@ -354,7 +354,7 @@ static long spm_token_bytes(const en_tokenizer *tok, int32_t id, char *buf, size
     }
     size_t n = 0;
     for (const char *s = p; *s;) {
-        if (memcmp(s, "\xe2\x96\x81", 3) == 0) { /* U+2581 */
+        if (strncmp(s, "\xe2\x96\x81", 3) == 0) { /* U+2581; strncmp stops at the NUL */
             if (n < cap) buf[n] = ' ';
             n++;
             s += 3;
