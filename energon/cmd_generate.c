@@ -83,6 +83,40 @@ static int sink_write(out_sink *o, const char *s, size_t n) {
     return 1;
 }
 
+/* Render --prompt (after --system) with the chat template and encode it
+ * exactly as the fine-tuner encodes chat data. */
+static en_status encode_chat(const en_chat_template *tmpl, const en_tokenizer *tok,
+                             const char *system_msg, const char *prompt, int no_bos,
+                             int32_t **ids, size_t *n_ids, en_err *err) {
+    json_t *msgs = json_array();
+    if (system_msg)
+        json_array_append_new(msgs,
+                              json_pack("{s:s,s:s}", "role", "system", "content", system_msg));
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+    en_chat_render *r = NULL;
+    en_status s = en_chat_template_render(tmpl, msgs, NULL, 1, 0, &r, err);
+    int add_bos = !no_bos && en_tokenizer_adds_bos(tok);
+    if (s == EN_OK) s = en_chat_render_encode(r, tok, add_bos, 0, ids, NULL, n_ids, err);
+    en_chat_render_destroy(r);
+    json_decref(msgs);
+    return s;
+}
+
+/* What ends the answer: the model's stop ids (eos, its eos_token_id list)
+ * and, in a chat (tmpl != NULL), the template's end-of-turn token and stop
+ * strings, after the user's own --stop strings. */
+static void add_stops(const en_tokenizer *tok, const en_chat_template *tmpl, int32_t *ids,
+                      int *n_ids, const char **stops, int *n_stops) {
+    const int32_t *tsi;
+    *n_ids = en_tokenizer_stop_ids(tok, &tsi);
+    memcpy(ids, tsi, (size_t)*n_ids * sizeof *tsi);
+    if (!tmpl) return;
+    *n_ids += en_cli_template_stop_ids(tmpl, tok, ids + *n_ids, 8);
+    int n_t = 0;
+    const char *const *ts = en_chat_template_stops(tmpl, &n_t);
+    for (int i = 0; i < n_t && *n_stops < MAX_STOPS; i++) stops[(*n_stops)++] = ts[i];
+}
+
 int en_cmd_generate(int argc, char **argv) {
     en_cli_load_opts lo = {0};
     lo.need_tokenizer = 1;
@@ -161,23 +195,13 @@ int en_cmd_generate(int argc, char **argv) {
     en_cli_model cm;
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) return rc;
-    /* Ids that end the answer: eos, the model's eos_token_id list and, in a
-     * chat, the template's end-of-turn token. */
     int32_t stop_ids[EN_TOKENIZER_MAX_STOP_IDS + 8];
-    const int32_t *tsi;
-    int n_stop_ids = en_tokenizer_stop_ids(cm.tok, &tsi);
-    memcpy(stop_ids, tsi, (size_t)n_stop_ids * sizeof *tsi);
-    if (chat) { /* the template's stop strings, after the user's own */
-        rc = en_cli_chat_template(CMD, lo.dir, tmpl_value, cm.tok, &tmpl);
-        if (rc) {
-            en_cli_unload(&cm);
-            return rc;
-        }
-        n_stop_ids += en_cli_template_stop_ids(tmpl, cm.tok, stop_ids + n_stop_ids, 8);
-        int n_t = 0;
-        const char *const *ts = en_chat_template_stops(tmpl, &n_t);
-        for (int i = 0; i < n_t && n_stops < MAX_STOPS; i++) stops[n_stops++] = ts[i];
+    int n_stop_ids = 0;
+    if (chat && (rc = en_cli_chat_template(CMD, lo.dir, tmpl_value, cm.tok, &tmpl))) {
+        en_cli_unload(&cm);
+        return rc;
     }
+    add_stops(cm.tok, tmpl, stop_ids, &n_stop_ids, stops, &n_stops);
     en_ctx *ctx = NULL;
     en_sampler *smp = NULL;
     en_detok *dt = NULL;
@@ -194,19 +218,8 @@ int en_cmd_generate(int argc, char **argv) {
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
 
     if (chat) {
-        /* Render and encode exactly as the fine-tuner does for chat data. */
-        json_t *msgs = json_array();
-        if (system_msg)
-            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content",
-                                                  system_msg));
-        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
-        en_chat_render *r = NULL;
-        en_status cs = en_chat_template_render(tmpl, msgs, NULL, 1, 0, &r, &err);
-        int add_bos = !no_bos && en_tokenizer_adds_bos(cm.tok);
-        if (cs == EN_OK)
-            cs = en_chat_render_encode(r, cm.tok, add_bos, 0, &ids, NULL, &n_prompt, &err);
-        en_chat_render_destroy(r);
-        json_decref(msgs);
+        en_status cs = encode_chat(tmpl, cm.tok, system_msg, prompt, no_bos, &ids, &n_prompt,
+                                   &err);
         if (cs != EN_OK) {
             en_cli_error(CMD, "--prompt: %s", err.msg);
             goto done;
