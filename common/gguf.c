@@ -626,8 +626,9 @@ static size_t span(uint32_t t, const uint8_t *p) {
     return off;
 }
 
-int en_gguf_arr_get(const en_gguf_value *v, uint64_t i, en_gguf_value *e) {
-    if (v->type != EN_GGUF_TYPE_ARRAY || i >= v->n) return 0;
+int en_gguf_arr_get(const en_gguf_value *arr, uint64_t i, en_gguf_value *e) {
+    if (arr->type != EN_GGUF_TYPE_ARRAY || i >= arr->n) return 0;
+    const en_gguf_value a = *arr, *v = &a; /* e may alias arr */
     memset(e, 0, sizeof *e);
     uint32_t et = v->elem_type;
     const uint8_t *p;

@@ -150,7 +150,7 @@ int en_gguf_value_str(const en_gguf_value *v, const char **s, size_t *len);
  * when v is not an array or i >= v->n. O(1) for arrays of fixed-size
  * elements and for top-level arrays of strings/arrays; O(i) for the elements
  * of a nested array of strings. */
-int en_gguf_arr_get(const en_gguf_value *v, uint64_t i, en_gguf_value *elem);
+int en_gguf_arr_get(const en_gguf_value *arr, uint64_t i, en_gguf_value *elem);
 
 /* Getters by key. Errors (message names the file and the key):
  * EN_ERR_ARG when the key is absent, EN_ERR_FORMAT when it has another
