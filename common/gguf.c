@@ -275,6 +275,10 @@ static en_status walk_tensor_infos(parser *p, uint64_t n_tensors) {
         if (!en_ggml_type_name(type))
             return EN_ERR(p->err, EN_ERR_FORMAT, "%s: %s: unknown ggml type %u", p->name, ctx,
                           type);
+        for (uint32_t d = 0; d < n_dims; d++)
+            if (dims[d] > INT64_MAX)
+                return EN_ERR(p->err, EN_ERR_FORMAT, "%s: %s: dim %u is %llu (negative as int64)",
+                              p->name, ctx, d, (unsigned long long)dims[d]);
         if (p->g) {
             en_gguf_tensor *t = &p->g->tensors[i];
             char *s = p->g->strs + p->n_strs;
@@ -284,14 +288,9 @@ static en_status walk_tensor_infos(parser *p, uint64_t n_tensors) {
             t->type = type;
             t->n_dims = (int)n_dims;
             for (int d = 0; d < EN_GGUF_MAX_DIMS; d++)
-                t->dims[d] = d < (int)n_dims ? (int64_t)(dims[d] & INT64_MAX) : 1;
+                t->dims[d] = d < (int)n_dims ? (int64_t)dims[d] : 1;
             t->offset = off;
         }
-        /* dims above INT64_MAX are caught here, before the cast above matters */
-        for (uint32_t d = 0; d < n_dims; d++)
-            if (dims[d] > INT64_MAX)
-                return EN_ERR(p->err, EN_ERR_FORMAT, "%s: %s: dim %u is %llu (negative as int64)",
-                              p->name, ctx, d, (unsigned long long)dims[d]);
         p->n_strs += (size_t)nlen + 1;
     }
     p->ctx = NULL;

@@ -16,7 +16,8 @@
  * Q4_K, Q5_K and Q6_K (ggml's block layouts). Other ggml types open fine and
  * report EN_ERR_UNSUPPORTED when converted. Writing GGUF is not supported.
  * Big-endian GGUF files are rejected (their version reads as a huge number).
- * Used by models/ (GGUF model loading) and by tests/test_gguf.c.
+ * For models/ (GGUF model loading, the next piece of that work); tested by
+ * tests/test_gguf.c and tests/fuzz/fuzz_gguf.c.
  */
 #ifndef EN_GGUF_H
 #define EN_GGUF_H
