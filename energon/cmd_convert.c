@@ -1,4 +1,5 @@
-/* cmd_convert.c - `energon convert llama2c`: llama2.c checkpoint -> HF dir. */
+/* cmd_convert.c - `energon convert llama2c` (llama2.c checkpoint -> HF dir)
+ * and `energon convert gguf` (llama-architecture GGUF file -> HF dir). */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,7 +14,47 @@ static void usage(FILE *f) {
                "\n"
                "Convert a llama2.c checkpoint (version-0 .bin) and its SentencePiece tokenizer\n"
                "into a Hugging Face model directory (config.json, model.safetensors,\n"
-               "tokenizer.model, tokenizer_config.json).\n");
+               "tokenizer.model, tokenizer_config.json).\n"
+               "\n"
+               "usage: energon convert gguf --gguf FILE.gguf --out DIR\n"
+               "\n"
+               "Convert a GGUF file with general.architecture 'llama' and a byte-level BPE\n"
+               "tokenizer (tokenizer.ggml.model 'gpt2') into a Hugging Face model directory\n"
+               "(config.json, float32 model.safetensors with quantised tensors expanded,\n"
+               "tokenizer.json, tokenizer_config.json, generation_config.json,\n"
+               "chat_template.jinja). Rope scaling, other architectures and other tokenizer\n"
+               "kinds are refused.\n");
+}
+
+static int convert_gguf(int argc, char **argv) {
+    const char *in = NULL, *out = NULL;
+    int bad = 0;
+    for (int i = 2; i < argc && !bad; i++) {
+        const char *v;
+        if (en_cli_switch(argv, i, "--help")) {
+            usage(stdout);
+            return EN_EXIT_OK;
+        } else if (en_cli_flag(argc, argv, &i, "--gguf", &v, &bad)) {
+            in = v;
+        } else if (en_cli_flag(argc, argv, &i, "--out", &v, &bad)) {
+            out = v;
+        } else {
+            en_cli_error(CMD, "unknown argument '%s'", argv[i]);
+            bad = 1;
+        }
+    }
+    if (bad) return EN_EXIT_USAGE;
+    if (!in || !out) {
+        en_cli_error(CMD, "--gguf and --out are required");
+        return EN_EXIT_USAGE;
+    }
+    en_err err = {0};
+    if (en_convert_gguf(in, out, &err)) {
+        en_cli_error(CMD, "%s", err.msg);
+        return EN_EXIT_ERROR;
+    }
+    fprintf(stderr, "energon convert: wrote %s\n", out);
+    return EN_EXIT_OK;
 }
 
 int en_cmd_convert(int argc, char **argv) {
@@ -21,8 +62,9 @@ int en_cmd_convert(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? EN_EXIT_USAGE : EN_EXIT_OK;
     }
+    if (strcmp(argv[1], "gguf") == 0) return convert_gguf(argc, argv);
     if (strcmp(argv[1], "llama2c") != 0) {
-        en_cli_error(CMD, "unknown format '%s' (supported: llama2c)", argv[1]);
+        en_cli_error(CMD, "unknown format '%s' (supported: llama2c, gguf)", argv[1]);
         return EN_EXIT_USAGE;
     }
     const char *ckpt = NULL, *tok = NULL, *out = NULL;
