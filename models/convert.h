@@ -47,10 +47,12 @@ en_status en_convert_llama2c(const char *checkpoint, const char *tokenizer_model
 
 /* Convert a llama-architecture GGUF file (llama.cpp's format) into a
  * Hugging Face llama directory: config.json, float32 model.safetensors
- * (tensors dequantised, q/k rows put back into rotate-half order) and, for a
- * byte-level BPE vocabulary (tokenizer.ggml.model "gpt2" with GPT-2's
- * pre-tokenizer), tokenizer.json, tokenizer_config.json,
- * generation_config.json and chat_template.jinja. Other architectures,
+ * (tensors dequantised, q/k rows put back into rotate-half order),
+ * tokenizer.json, tokenizer_config.json, generation_config.json and
+ * chat_template.jinja (when the file has one). Tokenizers: byte-level BPE
+ * (tokenizer.ggml.model "gpt2" with GPT-2's pre-tokenizer) and
+ * SentencePiece-style ("llama": byte-fallback BPE, merges recovered from the
+ * scores as transformers does). Other architectures,
  * rope scaling and other tokenizer kinds are EN_ERR_UNSUPPORTED naming the
  * key; a damaged file is EN_ERR_FORMAT (from en_gguf_open). */
 en_status en_convert_gguf(const char *gguf_path, const char *out_dir, en_err *err);

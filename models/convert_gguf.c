@@ -7,9 +7,13 @@
  * reorders into interleaved RoPE pairs are put back into rotate-half order.
  * GGUF dims are fastest-varying first, so a [in, out] GGUF matrix is the
  * (out, in) row-major matrix Hugging Face stores: no transpose is needed.
- * Tokenizers: byte-level BPE (`tokenizer.ggml.model = gpt2`) with the
- * GPT-2 pre-tokenizer regex. SentencePiece-style vocabularies
- * (`tokenizer.ggml.model = llama`) are refused for now.
+ * Tokenizers, written as tokenizer.json the way transformers builds them
+ * from a GGUF: byte-level BPE (`tokenizer.ggml.model = gpt2`, GPT-2's
+ * pre-tokenizer regex) with the file's merges; SentencePiece-style
+ * vocabularies (`tokenizer.ggml.model = llama`) as a byte-fallback BPE
+ * whose merges are recovered from the token scores, with a Metaspace
+ * pre-tokenizer (like transformers, and unlike SentencePiece, runs of
+ * spaces are not collapsed). Control tokens become special added tokens.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -34,6 +38,19 @@ static en_status gg_int(const en_gguf *g, const char *key, int required, int64_t
     if (*out < 0 || *out > (int64_t)1 << 30)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: key '%s' has implausible value %lld",
                       en_gguf_name(g), key, (long long)*out);
+    return EN_OK;
+}
+
+/* A token id key; absent, or outside the vocabulary (llama.cpp writes -1
+ * as 4294967295 for "none"), gives -1. */
+static en_status gg_token_id(const en_gguf *g, const char *key, int64_t *out, en_err *err) {
+    en_gguf_value toks;
+    *out = -1;
+    if (en_gguf_find_kv(g, key) < 0) return EN_OK;
+    int64_t v;
+    EN_TRY(en_gguf_get_i64(g, key, &v, err));
+    EN_TRY(en_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks, err));
+    if (v >= 0 && (uint64_t)v < toks.n) *out = v;
     return EN_OK;
 }
 
@@ -95,8 +112,8 @@ static en_status read_hparams(const en_gguf *g, en_model_hparams *hp, en_err *er
                       "dimension (%lld)",
                       name, (long long)rope_dim, (long long)D);
     EN_TRY(gg_int(g, "llama.context_length", 0, 2048, &ctx, err));
-    EN_TRY(gg_int(g, "tokenizer.ggml.bos_token_id", 0, -1, &bos, err));
-    EN_TRY(gg_int(g, "tokenizer.ggml.eos_token_id", 0, -1, &eos, err));
+    EN_TRY(gg_token_id(g, "tokenizer.ggml.bos_token_id", &bos, err));
+    EN_TRY(gg_token_id(g, "tokenizer.ggml.eos_token_id", &eos, err));
     double eps = 1e-5, theta = 10000.0;
     if (en_gguf_find_kv(g, "llama.attention.layer_norm_rms_epsilon") >= 0)
         EN_TRY(en_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps, err));
@@ -120,8 +137,8 @@ static en_status read_hparams(const en_gguf *g, en_model_hparams *hp, en_err *er
     hp->rope_theta = (float)theta;
     hp->norm_eps = (float)eps;
     hp->tie_embeddings = en_gguf_find_tensor(g, "output.weight") == NULL;
-    hp->bos_id = bos < (int64_t)toks.n ? (int)bos : -1;
-    hp->eos_id = eos < (int64_t)toks.n ? (int)eos : -1;
+    hp->bos_id = (int)bos;
+    hp->eos_id = (int)eos;
     return EN_OK;
 }
 
@@ -269,16 +286,121 @@ static int pre_is_gpt2(const en_gguf *g) {
            gg_str_is(g, "tokenizer.ggml.pre", "default");
 }
 
-/* tokenizer.json's "model": BPE with the vocabulary and merges. */
-static en_status bpe_model_json(const en_gguf *g, json_t **out, en_err *err) {
-    en_gguf_value toks, merges;
+/* One merge recovered from a SentencePiece-style vocabulary. */
+typedef struct spm_merge {
+    int64_t l, r;         /* token ids of the two halves */
+    double score;         /* score of the merged token */
+    int32_t len_l, len_r; /* lengths in characters */
+    int64_t seq;          /* order of discovery (keeps the sort stable) */
+} spm_merge;
+
+static int cmp_local(const void *a, const void *b) {
+    const spm_merge *x = a, *y = b;
+    if (x->l != y->l) return x->l < y->l ? -1 : 1;
+    return (x->r > y->r) - (x->r < y->r);
+}
+
+/* Higher score first, then longer left, longer right, then discovery order. */
+static int cmp_global(const void *a, const void *b) {
+    const spm_merge *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    if (x->len_l != y->len_l) return x->len_l > y->len_l ? -1 : 1;
+    if (x->len_r != y->len_r) return x->len_r > y->len_r ? -1 : 1;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int32_t utf8_chars(const char *s, size_t n) {
+    int32_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* Vocabulary id of the NUL-terminated piece, or -1. */
+static int64_t vocab_id(json_t *vocab, const char *piece) {
+    json_t *v = json_object_get(vocab, piece);
+    return v ? (int64_t)json_integer_value(v) : -1;
+}
+
+/* Merges a BPE needs to rebuild every token of a scored vocabulary: every
+ * split of a token into two tokens, the token's pairs ordered by the halves'
+ * ids, all of them by the merged token's score (highest first), then by the
+ * halves' lengths (longest first) -- the order transformers derives. */
+static en_status spm_merges(const en_gguf *g, const en_gguf_value *toks, json_t *vocab,
+                            json_t **out, en_err *err) {
+    en_gguf_value scores;
+    EN_TRY(en_gguf_get_arr(g, "tokenizer.ggml.scores", &scores, err));
+    if (scores.n != toks->n)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: key 'tokenizer.ggml.scores' has %llu entries "
+                      "for %llu tokens", en_gguf_name(g), (unsigned long long)scores.n,
+                      (unsigned long long)toks->n);
+    size_t cap = 1024, n = 0;
+    spm_merge *mg = en_malloc(cap * sizeof *mg);
+    json_t *ml = json_array();
+    en_status s = mg && ml ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    char left[1024], right[1024];
+    for (uint64_t i = 0; i < toks->n && s == EN_OK; i++) {
+        en_gguf_value e, sc;
+        const char *str;
+        size_t len;
+        double score;
+        if (!en_gguf_arr_get(toks, i, &e) || !en_gguf_value_str(&e, &str, &len) ||
+            len >= sizeof left || !en_gguf_arr_get(&scores, i, &sc) ||
+            !en_gguf_value_f64(&sc, &score)) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: token %llu or its score is unusable",
+                       en_gguf_name(g), (unsigned long long)i);
+            break;
+        }
+        memcpy(left, str, len);
+        left[len] = 0;
+        if (vocab_id(vocab, left) != (int64_t)i) continue; /* a later duplicate wins */
+        size_t first = n;
+        for (size_t k = 1; k < len && s == EN_OK; k++) {
+            if (((unsigned char)str[k] & 0xC0) == 0x80) continue; /* inside a character */
+            memcpy(left, str, k);
+            left[k] = 0;
+            memcpy(right, str + k, len - k);
+            right[len - k] = 0;
+            int64_t l = vocab_id(vocab, left), r = l >= 0 ? vocab_id(vocab, right) : -1;
+            if (r < 0) continue;
+            if (n == cap) {
+                spm_merge *grown = en_realloc(mg, 2 * cap * sizeof *mg);
+                if (!grown) {
+                    s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                mg = grown;
+                cap *= 2;
+            }
+            mg[n++] = (spm_merge){l, r, score, utf8_chars(str, k), utf8_chars(str + k, len - k), 0};
+        }
+        qsort(mg + first, n - first, sizeof *mg, cmp_local);
+    }
+    for (size_t i = 0; i < n; i++) mg[i].seq = (int64_t)i;
+    if (s == EN_OK) qsort(mg, n, sizeof *mg, cmp_global);
+    for (size_t i = 0; i < n && s == EN_OK; i++) {
+        json_t *pair = json_array();
+        json_array_append_new(pair, token_json(toks, (uint64_t)mg[i].l));
+        json_array_append_new(pair, token_json(toks, (uint64_t)mg[i].r));
+        if (json_array_append_new(ml, pair)) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    }
+    en_free(mg);
+    if (s != EN_OK) json_decref(ml);
+    else *out = ml;
+    return s;
+}
+
+/* tokenizer.json's "model": BPE with the vocabulary and merges (from the
+ * file for gpt2; for a SentencePiece-style vocabulary (spm) derived from the
+ * scores, with byte fallback). */
+static en_status bpe_model_json(const en_gguf *g, int spm, json_t **out, en_err *err) {
+    en_gguf_value toks, merges = {0};
     EN_TRY(en_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks, err));
-    EN_TRY(en_gguf_get_arr(g, "tokenizer.ggml.merges", &merges, err));
-    if (merges.elem_type != EN_GGUF_TYPE_STRING)
+    if (!spm) EN_TRY(en_gguf_get_arr(g, "tokenizer.ggml.merges", &merges, err));
+    if (!spm && merges.elem_type != EN_GGUF_TYPE_STRING)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: key 'tokenizer.ggml.merges' is not a list of "
                       "strings", en_gguf_name(g));
-    json_t *m = json_object(), *vocab = json_object(), *ml = json_array();
-    en_status s = m && vocab && ml ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    json_t *m = json_object(), *vocab = json_object(), *ml = spm ? NULL : json_array();
+    en_status s = m && vocab && (ml || spm) ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     for (uint64_t i = 0; i < toks.n && s == EN_OK; i++) {
         en_gguf_value e;
         const char *str;
@@ -300,6 +422,7 @@ static en_status bpe_model_json(const en_gguf *g, json_t **out, en_err *err) {
                              (unsigned long long)i);
         else json_array_append_new(ml, str);
     }
+    if (s == EN_OK && spm) s = spm_merges(g, &toks, vocab, &ml, err);
     if (s != EN_OK) {
         json_decref(m);
         json_decref(vocab);
@@ -308,11 +431,14 @@ static en_status bpe_model_json(const en_gguf *g, json_t **out, en_err *err) {
     }
     json_object_set_new(m, "type", json_string("BPE"));
     json_object_set_new(m, "dropout", json_null());
-    json_object_set_new(m, "unk_token", json_null());
-    json_object_set_new(m, "continuing_subword_prefix", json_string(""));
-    json_object_set_new(m, "end_of_word_suffix", json_string(""));
-    json_object_set_new(m, "fuse_unk", json_false());
-    json_object_set_new(m, "byte_fallback", json_false());
+    int64_t unk = -1;
+    if (spm && gg_token_id(g, "tokenizer.ggml.unknown_token_id", &unk, NULL) != EN_OK) unk = -1;
+    json_t *unk_text = unk >= 0 ? token_json(&toks, (uint64_t)unk) : NULL;
+    json_object_set_new(m, "unk_token", unk_text ? unk_text : json_null());
+    json_object_set_new(m, "continuing_subword_prefix", spm ? json_null() : json_string(""));
+    json_object_set_new(m, "end_of_word_suffix", spm ? json_null() : json_string(""));
+    json_object_set_new(m, "fuse_unk", json_boolean(spm));
+    json_object_set_new(m, "byte_fallback", json_boolean(spm));
     json_object_set_new(m, "ignore_merges", json_false());
     json_object_set_new(m, "vocab", vocab);
     json_object_set_new(m, "merges", ml);
@@ -345,6 +471,30 @@ static json_t *added_tokens_json(const en_gguf *g) {
     return a;
 }
 
+static json_t *metaspace_json(void) {
+    json_t *p = json_object();
+    json_object_set_new(p, "type", json_string("Metaspace"));
+    json_object_set_new(p, "replacement", json_string("\xe2\x96\x81"));
+    json_object_set_new(p, "prepend_scheme", json_string("first"));
+    json_object_set_new(p, "split", json_false());
+    return p;
+}
+
+/* Replace("▁", " "), ByteFallback, Fuse, Strip one leading space. */
+static json_t *spm_decoder_json(void) {
+    json_t *seq = json_array(), *d = json_object(), *pat = json_object();
+    json_object_set_new(pat, "String", json_string("\xe2\x96\x81"));
+    json_object_set_new(d, "type", json_string("Replace"));
+    json_object_set_new(d, "pattern", pat);
+    json_object_set_new(d, "content", json_string(" "));
+    json_array_append_new(seq, d);
+    json_array_append_new(seq, json_pack("{s:s}", "type", "ByteFallback"));
+    json_array_append_new(seq, json_pack("{s:s}", "type", "Fuse"));
+    json_array_append_new(seq, json_pack("{s:s, s:s, s:i, s:i}", "type", "Strip", "content", " ",
+                                         "start", 1, "stop", 0));
+    return json_pack("{s:s, s:o}", "type", "Sequence", "decoders", seq);
+}
+
 static json_t *byte_level_json(void) {
     json_t *p = json_object();
     json_object_set_new(p, "type", json_string("ByteLevel"));
@@ -368,12 +518,12 @@ static void set_token(json_t *o, const char *key, const en_gguf *g, int64_t id) 
 }
 
 /* tokenizer_config.json, generation_config.json and chat_template.jinja. */
-static en_status write_tok_config(const en_gguf *g, const en_model_hparams *hp, const char *dir,
-                                  en_err *err) {
+static en_status write_tok_config(const en_gguf *g, const en_model_hparams *hp, int spm,
+                                  const char *dir, en_err *err) {
     int64_t unk, pad;
-    EN_TRY(gg_int(g, "tokenizer.ggml.unknown_token_id", 0, -1, &unk, err));
-    EN_TRY(gg_int(g, "tokenizer.ggml.padding_token_id", 0, -1, &pad, err));
-    int add_bos = 0, add_eos = 0;
+    EN_TRY(gg_token_id(g, "tokenizer.ggml.unknown_token_id", &unk, err));
+    EN_TRY(gg_token_id(g, "tokenizer.ggml.padding_token_id", &pad, err));
+    int add_bos = spm, add_eos = 0; /* llama.cpp's defaults */
     if (en_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") >= 0)
         EN_TRY(en_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos, err));
     if (en_gguf_find_kv(g, "tokenizer.ggml.add_eos_token") >= 0)
@@ -408,11 +558,14 @@ static en_status write_tok_config(const en_gguf *g, const en_model_hparams *hp, 
     return s;
 }
 
-/* Check the tokenizer kind before anything is written. */
-static en_status check_tokenizer(const en_gguf *g, en_err *err) {
+/* Check the tokenizer kind before anything is written; *spm: 1 for a
+ * SentencePiece-style vocabulary, 0 for byte-level BPE. */
+static en_status check_tokenizer(const en_gguf *g, int *spm, en_err *err) {
     const char *name = en_gguf_name(g), *s;
     size_t n;
     EN_TRY(en_gguf_get_str(g, "tokenizer.ggml.model", &s, &n, err));
+    *spm = n == 5 && memcmp(s, "llama", 5) == 0;
+    if (*spm) return EN_OK;
     if (n == 4 && memcmp(s, "gpt2", 4) == 0) {
         if (pre_is_gpt2(g)) return EN_OK;
         const char *pre;
@@ -425,27 +578,70 @@ static en_status check_tokenizer(const en_gguf *g, en_err *err) {
     }
     return EN_ERR(err, EN_ERR_UNSUPPORTED,
                   "%s: tokenizer.ggml.model '%.*s' is not supported by convert gguf yet "
-                  "(only 'gpt2', byte-level BPE)",
+                  "(only 'gpt2', byte-level BPE, and 'llama', SentencePiece-style)",
                   name, (int)(n > 64 ? 64 : n), s);
 }
 
-static en_status write_tokenizer(const en_gguf *g, const en_model_hparams *hp, const char *dir,
-                                 en_err *err) {
+/* TemplateProcessing adding bos and/or eos around each sequence, so that
+ * transformers adds them as llama.cpp does; NULL (json null) when neither. */
+static json_t *post_processor_json(const en_gguf *g, const en_model_hparams *hp, int add_bos,
+                                   int add_eos) {
+    json_t *bos = add_bos ? token_text(g, hp->bos_id) : NULL;
+    json_t *eos = add_eos ? token_text(g, hp->eos_id) : NULL;
+    if (!bos && !eos) return json_null();
+    json_t *single = json_array(), *pair = json_array(), *special = json_object();
+    for (int seq = 0; seq < 2; seq++) {
+        const char *id = seq ? "B" : "A";
+        json_t *arrs[2] = {single, pair};
+        for (int a = seq; a < 2; a++) {
+            if (bos)
+                json_array_append_new(arrs[a], json_pack("{s:{s:O, s:i}}", "SpecialToken", "id",
+                                                         bos, "type_id", seq));
+            json_array_append_new(arrs[a], json_pack("{s:{s:s, s:i}}", "Sequence", "id", id,
+                                                     "type_id", seq));
+            if (eos)
+                json_array_append_new(arrs[a], json_pack("{s:{s:O, s:i}}", "SpecialToken", "id",
+                                                         eos, "type_id", seq));
+        }
+    }
+    if (bos)
+        json_object_set_new(special, json_string_value(bos),
+                            json_pack("{s:O, s:[i], s:[O]}", "id", bos, "ids", hp->bos_id,
+                                      "tokens", bos));
+    if (eos)
+        json_object_set_new(special, json_string_value(eos),
+                            json_pack("{s:O, s:[i], s:[O]}", "id", eos, "ids", hp->eos_id,
+                                      "tokens", eos));
+    json_decref(bos);
+    json_decref(eos);
+    return json_pack("{s:s, s:o, s:o, s:o}", "type", "TemplateProcessing", "single", single,
+                     "pair", pair, "special_tokens", special);
+}
+
+static en_status write_tokenizer(const en_gguf *g, const en_model_hparams *hp, int spm,
+                                 const char *dir, en_err *err) {
     json_t *model = NULL;
-    EN_TRY(bpe_model_json(g, &model, err));
+    EN_TRY(bpe_model_json(g, spm, &model, err));
     json_t *r = json_object();
     json_object_set_new(r, "version", json_string("1.0"));
     json_object_set_new(r, "truncation", json_null());
     json_object_set_new(r, "padding", json_null());
     json_object_set_new(r, "added_tokens", added_tokens_json(g));
     json_object_set_new(r, "normalizer", json_null());
-    json_object_set_new(r, "pre_tokenizer", byte_level_json());
-    json_object_set_new(r, "post_processor", json_null());
-    json_object_set_new(r, "decoder", byte_level_json());
+    json_object_set_new(r, "pre_tokenizer", spm ? metaspace_json() : byte_level_json());
+    int add_bos = spm, add_eos = 0; /* llama.cpp's defaults */
+    if (en_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") >= 0 &&
+        en_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos, NULL) != EN_OK)
+        add_bos = spm;
+    if (en_gguf_find_kv(g, "tokenizer.ggml.add_eos_token") >= 0 &&
+        en_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &add_eos, NULL) != EN_OK)
+        add_eos = 0;
+    json_object_set_new(r, "post_processor", post_processor_json(g, hp, add_bos, add_eos));
+    json_object_set_new(r, "decoder", spm ? spm_decoder_json() : byte_level_json());
     json_object_set_new(r, "model", model);
     en_status s = gg_write_json(r, dir, "tokenizer.json", err);
     json_decref(r);
-    if (s == EN_OK) s = write_tok_config(g, hp, dir, err);
+    if (s == EN_OK) s = write_tok_config(g, hp, spm, dir, err);
     return s;
 }
 
@@ -453,12 +649,13 @@ en_status en_convert_gguf(const char *gguf_path, const char *out_dir, en_err *er
     en_gguf *g = NULL;
     EN_TRY(en_gguf_open(gguf_path, &g, err));
     en_model_hparams hp;
+    int spm = 0;
     en_status s = read_hparams(g, &hp, err);
-    if (s == EN_OK) s = check_tokenizer(g, err);
+    if (s == EN_OK) s = check_tokenizer(g, &spm, err);
     if (s == EN_OK) s = en_mkdir_p(out_dir, err);
     if (s == EN_OK) s = write_tensors(g, &hp, out_dir, err);
     if (s == EN_OK) s = en_hf_write_config(&hp, out_dir, err);
-    if (s == EN_OK) s = write_tokenizer(g, &hp, out_dir, err);
+    if (s == EN_OK) s = write_tokenizer(g, &hp, spm, out_dir, err);
     en_gguf_close(g);
     return s;
 }

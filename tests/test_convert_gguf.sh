@@ -7,9 +7,9 @@
 #   - `energon tokenizer encode` the same ids on both directories, `render`
 #     the same prompt, and greedy `generate --chat` the fixture's ids
 #     (tests/fixtures/chat/smollm2_greedy.json case 0);
-#   - clear errors and exit 1 for another architecture, a truncated file
-#     and a SentencePiece-style vocabulary (stories260K.gguf, not yet
-#     supported).
+#   - stories260K.gguf (SentencePiece-style vocabulary): greedy generate and
+#     encode equal to the llama2c conversion of the same model;
+#   - clear errors and exit 1 for another architecture and a truncated file.
 # The GGUF comes from $ENERGON_SMOLLM2_GGUF (default
 # ~/.cache/energon/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf), the reference
 # directory from $ENERGON_SMOLLM2_DIR (default ~/.cache/energon/smollm2/hf);
@@ -110,10 +110,25 @@ expect_error "another architecture" "general.architecture 'qwen3' is not support
 head -c 3000000 "$G" >"$T/trunc.gguf"
 expect_error "truncated file" "trunc.gguf" "$T/trunc.gguf"
 expect_error "missing file" "nonexistent.gguf" "$T/nonexistent.gguf"
-S=$SHARED/models/stories260K/stories260K.gguf
-[ -f "$S" ] || S=/work/shared/models/stories260K/stories260K.gguf
-if [ -f "$S" ]; then
-    expect_error "SentencePiece vocabulary" "tokenizer.ggml.model 'llama' is not supported" "$S"
+
+# ---- stories260K: a SentencePiece-style vocabulary, against `convert llama2c`
+SD=$SHARED/models/stories260K
+if [ -f "$SD/stories260K.gguf" ] && [ -f "$SD/stories260K.bin" ] && [ -f "$SD/tok512.model" ]; then
+    "$ENERGON" convert gguf --gguf "$SD/stories260K.gguf" --out "$T/s1" 2>"$T/s1.err" || { bad "convert stories260K.gguf"; cat "$T/s1.err"; }
+    "$ENERGON" convert llama2c --checkpoint "$SD/stories260K.bin" --tokenizer "$SD/tok512.model" \
+        --out "$T/s2" 2>"$T/s2.err" || { bad "convert llama2c"; cat "$T/s2.err"; }
+    for p in "Once upon a time" "Lily and Tom went to the park. They saw"; do
+        a=$("$ENERGON" generate --model "$T/s1" --prompt "$p" --temperature 0 --max-tokens 40 --json 2>/dev/null)
+        b=$("$ENERGON" generate --model "$T/s2" --prompt "$p" --temperature 0 --max-tokens 40 --json 2>/dev/null)
+        [ -n "$a" ] && [ "$a" = "$b" ] && ok "stories260K greedy '$p' = llama2c conversion" || bad "stories260K greedy '$p': $a vs $b"
+    done
+    for text in "Once upon a time, there was a little girl." $'She said: "No!"\nThe end. 123' "ünï 日本"; do
+        a=$("$ENERGON" tokenizer encode --model "$T/s1" --text "$text" --bos 2>&1)
+        b=$("$ENERGON" tokenizer encode --model "$T/s2" --text "$text" --bos 2>&1)
+        [ -n "$a" ] && [ "$a" = "$b" ] && ok "stories260K encode '$text' ($a)" || bad "stories260K encode '$text': '$a' vs '$b'"
+    done
+else
+    echo "skip stories260K: not in $SD"
 fi
 "$ENERGON" convert gguf --out "$T/x" >/dev/null 2>&1
 [ $? -eq 2 ] && ok "missing --gguf is a usage error" || bad "missing --gguf exit code"
