@@ -237,23 +237,12 @@ void en_cli_unload(en_cli_model *cm) {
 int en_cli_chat_template(const char *cmd, const char *dir, const char *value,
                          const en_tokenizer *tok, en_chat_template **out) {
     en_err err = {0};
-    en_chat_template_id id;
-    en_status s;
-    size_t n = value ? strlen(value) : 0;
-    if (value && n > 6 && strcmp(value + n - 6, ".jinja") == 0)
-        s = en_chat_template_load(dir, value, tok, EN_CHAT_PLAIN, out, &err);
-    else if (value && en_chat_template_from_name(value, &id, &err) == EN_OK)
-        s = en_chat_template_builtin(id, out, &err);
-    else if (value) {
-        en_cli_error(cmd, "--chat-template: %s, or a file ending in .jinja", err.msg);
-        return EN_EXIT_USAGE;
-    } else
-        s = en_chat_template_load(dir, NULL, tok, EN_CHAT_PLAIN, out, &err);
-    if (s != EN_OK) {
-        en_cli_error(cmd, "%s%s", value ? "--chat-template: " : "", err.msg);
-        return EN_EXIT_ERROR;
-    }
-    return EN_EXIT_OK;
+    en_status s = en_chat_template_select(dir, value, tok, out, &err);
+    if (s == EN_OK) return EN_EXIT_OK;
+    en_cli_error(cmd, "%s%s", value ? "--chat-template: " : "", err.msg);
+    /* An unknown name is a usage error; a file that fails is not. */
+    return s == EN_ERR_ARG && !en_chat_template_is_file_name(value) ? EN_EXIT_USAGE
+                                                                       : EN_EXIT_ERROR;
 }
 
 int en_cli_template_stop_ids(const en_chat_template *t, const en_tokenizer *tok, int32_t *ids,

@@ -141,9 +141,8 @@ int en_cmd_finetune(int argc, char **argv) {
                 bad = 1;
             }
         } else if (en_cli_flag(argc, argv, &i, "--chat-template", &v, &bad)) {
-            size_t n = bad ? 0 : strlen(v);
             en_chat_template_id id;
-            if (!bad && !(n > 6 && strcmp(v + n - 6, ".jinja") == 0) &&
+            if (!bad && !en_chat_template_is_file_name(v) &&
                 en_chat_template_from_name(v, &id, &err) != EN_OK) {
                 en_cli_error(CMD, "--chat-template: %s, or a file ending in .jinja", err.msg);
                 bad = 1;

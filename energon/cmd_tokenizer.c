@@ -18,6 +18,7 @@
  * main.c dispatches here with argv[0] == "tokenizer".
  */
 #include "../common/status.h"
+#include "cli.h"
 #include "../tokenizer/chat.h"
 #include "../tokenizer/tokenizer.h"
 #include "../common/file.h"
@@ -405,20 +406,10 @@ static int cmd_render(const opts *o) {
     en_err err;
     int rc = 1;
     if (load_model(cmd, o->model, &tok)) goto done;
-    en_chat_template_id id;
-    size_t n = o->chat_template ? strlen(o->chat_template) : 0;
-    en_status s;
-    if (o->chat_template && !(n > 6 && strcmp(o->chat_template + n - 6, ".jinja") == 0)) {
-        if (en_chat_template_from_name(o->chat_template, &id, &err) != EN_OK) {
-            rc = usage_error(cmd, "--chat-template: %s", err.msg);
-            goto done;
-        }
-        s = en_chat_template_builtin(id, &t, &err);
-    } else {
-        s = en_chat_template_load(o->model, o->chat_template, tok, EN_CHAT_PLAIN, &t, &err);
-    }
-    if (s == EN_OK) s = en_chat_template_render(t, msgs, extra, o->gen_prompt, 0, &r, &err);
-    if (s != EN_OK) {
+    if ((rc = en_cli_chat_template("tokenizer render", o->model, o->chat_template, tok, &t)))
+        goto done;
+    rc = 1;
+    if (en_chat_template_render(t, msgs, extra, o->gen_prompt, 0, &r, &err) != EN_OK) {
         fprintf(stderr, "energon tokenizer render: %s\n", err.msg);
         goto done;
     }

@@ -725,20 +725,8 @@ static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
 /* The template cfg->chat_template names (see trainer.h). */
 static en_status load_template(const en_finetune_config *cfg, const en_tokenizer *tok,
                                en_chat_template **out, en_err *err) {
-    const char *v = cfg->chat_template;
-    size_t n = v ? strlen(v) : 0;
-    en_chat_template_id id;
-    en_status s;
-    if (!v)
-        s = en_chat_template_load(cfg->model_dir, NULL, tok, EN_CHAT_PLAIN, out, err);
-    else if (n > 6 && strcmp(v + n - 6, ".jinja") == 0)
-        s = en_chat_template_load(cfg->model_dir, v, tok, EN_CHAT_PLAIN, out, err);
-    else if (en_chat_template_from_name(v, &id, err) == EN_OK)
-        s = en_chat_template_builtin(id, out, err);
-    else
-        return EN_ERR(err, EN_ERR_ARG, "chat template \"%s\": not plain, llama2 or chatml, nor a "
-                      "file ending in .jinja", v);
-    if (s != EN_OK) en_err_prefix(err, "chat template");
+    en_status s = en_chat_template_select(cfg->model_dir, cfg->chat_template, tok, out, err);
+    if (s != EN_OK && s != EN_ERR_ARG) en_err_prefix(err, "chat template");
     return s;
 }
 

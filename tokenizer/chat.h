@@ -164,6 +164,19 @@ en_status en_chat_template_load(const char *model_dir, const char *override_path
                                 const en_tokenizer *tok, en_chat_template_id fallback,
                                 en_chat_template **out, en_err *err);
 
+/* 1 when a --chat-template value names a template file (it ends in
+ * ".jinja"), 0 when it must be a built-in name. */
+int en_chat_template_is_file_name(const char *value);
+
+/* The template a --chat-template value asks for, the one rule every command
+ * follows: NULL -> the model's own (en_chat_template_load, falling back to
+ * plain); a value ending in ".jinja" -> that file; else a built-in name. A
+ * value that is neither is EN_ERR_ARG ("unknown chat template \"X\" (valid:
+ * plain, llama2, chatml), or a file ending in .jinja"); other errors as
+ * en_chat_template_load. */
+en_status en_chat_template_select(const char *model_dir, const char *value,
+                                  const en_tokenizer *tok, en_chat_template **out, en_err *err);
+
 /* A Jinja template from source text (name is used in messages). */
 en_status en_chat_template_from_jinja(const char *src, size_t len, const char *name,
                                       const en_tokenizer *tok, en_chat_template **out,

@@ -471,3 +471,24 @@ en_status en_chat_template_load(const char *model_dir, const char *override_path
     en_free(path);
     return s;
 }
+
+int en_chat_template_is_file_name(const char *value) {
+    size_t n = value ? strlen(value) : 0;
+    return n > 6 && strcmp(value + n - 6, ".jinja") == 0;
+}
+
+en_status en_chat_template_select(const char *model_dir, const char *value,
+                                  const en_tokenizer *tok, en_chat_template **out, en_err *err) {
+    if (!value || en_chat_template_is_file_name(value))
+        return en_chat_template_load(model_dir, value, tok, EN_CHAT_PLAIN, out, err);
+    en_chat_template_id id;
+    if (out) *out = NULL;
+    if (en_chat_template_from_name(value, &id, err) != EN_OK) {
+        if (err) {
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof err->msg - n, ", or a file ending in .jinja");
+        }
+        return EN_ERR_ARG;
+    }
+    return en_chat_template_builtin(id, out, err);
+}
