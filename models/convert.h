@@ -7,12 +7,18 @@
 #ifndef EN_CONVERT_H
 #define EN_CONVERT_H
 
+#include <jansson.h>
+
 #include "../common/status.h"
 #include "model.h"
 
 /* Write `dir/config.json` for these hyper-parameters (LlamaForCausalLM
  * layout for llama, and the same keys for mistral / qwen2). Atomic. */
 en_status en_hf_write_config(const en_model_hparams *hp, const char *dir, en_err *err);
+
+/* Write root (borrowed) as DIR/NAME, indented, key order kept, with a final
+ * newline, atomically. EN_ERR_NOMEM when root is NULL or out of memory. */
+en_status en_hf_write_json(json_t *root, const char *dir, const char *name, en_err *err);
 
 /* Copy tokenizer.model into dir and write tokenizer_config.json and
  * special_tokens_map.json that let Hugging Face's LlamaTokenizer load it.

@@ -253,22 +253,6 @@ static en_status write_tensors(const en_gguf *g, const en_model_hparams *hp, con
     return s;
 }
 
-static en_status gg_write_json(json_t *root, const char *dir, const char *name, en_err *err) {
-    char *path = en_path_join(dir, name);
-    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    en_status s;
-    if (!path || !text)
-        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-    else {
-        size_t n = strlen(text);
-        text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
-        s = en_file_write_atomic(path, text, n + 1, err);
-    }
-    free(text);
-    en_free(path);
-    return s;
-}
-
 /* Token i of the vocabulary as a new JSON string (NULL when not a string). */
 static json_t *token_json(const en_gguf_value *toks, uint64_t i) {
     en_gguf_value e;
@@ -537,7 +521,7 @@ static en_status write_tok_config(const en_gguf *g, const en_model_hparams *hp, 
     set_token(c, "unk_token", g, unk);
     set_token(c, "pad_token", g, pad);
     json_object_set_new(c, "clean_up_tokenization_spaces", json_false());
-    en_status s = gg_write_json(c, dir, "tokenizer_config.json", err);
+    en_status s = en_hf_write_json(c, dir, "tokenizer_config.json", err);
     json_decref(c);
     if (s != EN_OK) return s;
     json_t *gc = json_object();
@@ -545,7 +529,7 @@ static en_status write_tok_config(const en_gguf *g, const en_model_hparams *hp, 
     if (hp->eos_id >= 0) json_object_set_new(gc, "eos_token_id", json_integer(hp->eos_id));
     if (pad >= 0 && pad < hp->n_vocab)
         json_object_set_new(gc, "pad_token_id", json_integer((json_int_t)pad));
-    s = gg_write_json(gc, dir, "generation_config.json", err);
+    s = en_hf_write_json(gc, dir, "generation_config.json", err);
     json_decref(gc);
     if (s != EN_OK || en_gguf_find_kv(g, "tokenizer.chat_template") < 0) return s;
     const char *tpl;
@@ -639,7 +623,7 @@ static en_status write_tokenizer(const en_gguf *g, const en_model_hparams *hp, i
     json_object_set_new(r, "post_processor", post_processor_json(g, hp, add_bos, add_eos));
     json_object_set_new(r, "decoder", spm ? spm_decoder_json() : byte_level_json());
     json_object_set_new(r, "model", model);
-    en_status s = gg_write_json(r, dir, "tokenizer.json", err);
+    en_status s = en_hf_write_json(r, dir, "tokenizer.json", err);
     json_decref(r);
     if (s == EN_OK) s = write_tok_config(g, hp, spm, dir, err);
     return s;

@@ -11,7 +11,7 @@
 #include "../tokenizer/tokenizer.h"
 #include "convert.h"
 
-static en_status write_json(json_t *root, const char *dir, const char *name, en_err *err) {
+en_status en_hf_write_json(json_t *root, const char *dir, const char *name, en_err *err) {
     char *path = en_path_join(dir, name);
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     en_status s;
@@ -56,7 +56,7 @@ en_status en_hf_write_config(const en_model_hparams *hp, const char *dir, en_err
     if (hp->bos_id >= 0) json_object_set_new(r, "bos_token_id", json_integer(hp->bos_id));
     if (hp->eos_id >= 0) json_object_set_new(r, "eos_token_id", json_integer(hp->eos_id));
     json_object_set_new(r, "torch_dtype", json_string("float32"));
-    en_status s = write_json(r, dir, "config.json", err);
+    en_status s = en_hf_write_json(r, dir, "config.json", err);
     json_decref(r);
     return s;
 }
@@ -82,14 +82,14 @@ en_status en_hf_write_tokenizer(const char *tokenizer_model, int bos_id, int eos
         if (unk) json_object_set_new(r, "unk_token", json_string(unk));
         json_object_set_new(r, "legacy", json_true());
         json_object_set_new(r, "clean_up_tokenization_spaces", json_false());
-        s = write_json(r, dir, "tokenizer_config.json", err);
+        s = en_hf_write_json(r, dir, "tokenizer_config.json", err);
         json_decref(r);
         if (s == EN_OK) {
             json_t *m = json_object();
             if (bos) json_object_set_new(m, "bos_token", json_string(bos));
             if (eos) json_object_set_new(m, "eos_token", json_string(eos));
             if (unk) json_object_set_new(m, "unk_token", json_string(unk));
-            s = write_json(m, dir, "special_tokens_map.json", err);
+            s = en_hf_write_json(m, dir, "special_tokens_map.json", err);
             json_decref(m);
         }
     }
