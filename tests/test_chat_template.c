@@ -335,6 +335,45 @@ static void check_spm(void) {
               ids[0] == 1,
           "spm encode with bos");
     en_free(ids);
+    /* A Jinja template over a SentencePiece model: the bos/eos text becomes
+     * ids, the text between is encoded by the library as it stands, and
+     * the assistant's turn (eos included) is what is trained. */
+    static const char src[] = "{% for m in messages %}{% if m.role == 'user' %}{{ bos_token }}"
+                              "[INST] {{ m.content }} [/INST]{% else %} {{ m.content }} "
+                              "{{ eos_token }}{% endif %}{% endfor %}";
+    en_chat_template *t = NULL;
+    en_chat_render *r = NULL;
+    json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "user", "content", "Once upon",
+                             "role", "assistant", "content", "a time");
+    CHECK(en_chat_template_from_jinja(src, sizeof src - 1, "spm.jinja", tok, &t, &err) == EN_OK,
+          "%s", err.msg);
+    CHECK(t && en_chat_template_render(t, msgs, NULL, 0, 1, &r, &err) == EN_OK, "%s", err.msg);
+    int32_t *a = NULL, *b = NULL;
+    uint8_t *train = NULL;
+    size_t na = 0, nb = 0;
+    if (r) {
+        CHECK(en_chat_render_encode(r, tok, 1, 1, &ids, &train, &n, &err) == EN_OK, "%s",
+              err.msg);
+        CHECK(en_tokenizer_encode(tok, "[INST] Once upon [/INST] a time ", 32, 0, &a, &na, &err) ==
+                  EN_OK,
+              "%s", err.msg);
+        CHECK(en_tokenizer_encode(tok, " a time ", 8, 0, &b, &nb, &err) == EN_OK, "%s", err.msg);
+        int ok = n == na + 2 && ids[0] == en_tokenizer_bos(tok) &&
+                 ids[n - 1] == en_tokenizer_eos(tok) && memcmp(ids + 1, a, na * sizeof *a) == 0;
+        CHECK(ok, "spm + jinja: %zu ids, want bos + %zu + eos", n, na);
+        /* trained: the ids from " a time " on, and the eos */
+        size_t n_train = 0;
+        for (size_t i = 0; ok && i < n; i++) n_train += train[i];
+        CHECK(ok && train[n - 1] && !train[0] && n_train >= 2 && n_train <= nb + 1,
+              "spm + jinja: %zu trained ids", n_train);
+    }
+    en_free(ids);
+    en_free(a);
+    en_free(b);
+    en_free(train);
+    en_chat_render_destroy(r);
+    en_chat_template_destroy(t);
+    json_decref(msgs);
     en_tokenizer_destroy(tok);
 }
 

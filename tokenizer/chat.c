@@ -303,6 +303,7 @@ typedef struct id_buf {
 } id_buf;
 
 static int push_ids(id_buf *b, const int32_t *ids, size_t n, int train) {
+    if (n == 0) return 1;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n)
@@ -355,37 +356,29 @@ static size_t next_special(const en_tokenizer *tok, const char *text, size_t len
  * offset of each id (see en_tokenizer_encode_offsets). */
 static en_status encode_spm_specials(const en_tokenizer *tok, const char *text, size_t len,
                                      id_buf *b, size_t **offsets, en_err *err) {
-    size_t cap = 64, n_off = 0;
-    size_t *off = en_malloc(cap * sizeof *off);
-    size_t at = 0;
-    en_status st = off ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory");
-    while (st == EN_OK && at <= len) {
+    size_t *off = NULL, off_cap = 0, at = 0;
+    en_status st = EN_OK;
+    for (;;) {
         int32_t sid = -1;
-        size_t sn = 0;
-        size_t next = next_special(tok, text, len, at, &sid, &sn);
+        size_t sn = 0, n = 0, first = b->n;
+        size_t next = next_special(tok, text, len, at, &sid, &sn); /* len: none left */
         int32_t *seg = NULL;
-        size_t *so = NULL, n = 0;
+        size_t *so = NULL;
         if (next > at)
             st = en_tokenizer_encode_offsets(tok, text + at, next - at, 0, &seg, &so, &n, err);
-        if (st == EN_OK && sid >= 0 && next < len) {
-            seg = en_realloc(seg, (n + 1) * sizeof *seg);
-            so = en_realloc(so, (n + 1) * sizeof *so);
-            if (seg && so) seg[n] = sid, so[n] = next - at, n++;
-        }
-        if (st == EN_OK && n && (!seg || !so || !push_ids(b, seg, n, 0)))
+        if (st == EN_OK && (!push_ids(b, seg, n, 0) || (sid >= 0 && !push_ids(b, &sid, 1, 0))))
             st = EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory");
-        if (st == EN_OK && n_off + n > cap) {
-            while (n_off + n > cap)
-                cap *= 2;
-            size_t *p = en_realloc(off, cap * sizeof *off);
-            if (p) off = p;
+        if (st == EN_OK && off_cap < b->cap) { /* one offset per id, as b grows */
+            size_t *p = en_realloc(off, b->cap * sizeof *off);
+            if (p) off = p, off_cap = b->cap;
             else st = EN_ERR(err, EN_ERR_NOMEM, "chat: out of memory");
         }
         for (size_t i = 0; st == EN_OK && i < n; i++)
-            off[n_off++] = at + so[i];
+            off[first + i] = at + so[i];
+        if (st == EN_OK && sid >= 0) off[first + n] = next;
         en_free(seg);
         en_free(so);
-        if (next >= len) break;
+        if (st != EN_OK || sid < 0) break;
         at = next + sn;
     }
     if (st != EN_OK) en_free(off);
