@@ -254,6 +254,11 @@ char *en_path_join(const char *dir, const char *name) {
     return p;
 }
 
+int en_path_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int en_path_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;

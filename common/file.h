@@ -56,6 +56,8 @@ void en_path_basename(const char *path, char *out, size_t cap);
 
 /* 1 when the path exists (file or directory). */
 int en_path_exists(const char *path);
+/* 1 when the path is a directory (or a link to one). */
+int en_path_is_dir(const char *path);
 
 /* Copy a file (used to carry tokenizer files into a new model directory). */
 en_status en_file_copy(const char *src, const char *dst, en_err *err);

@@ -14,7 +14,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "../common/file.h"
 #include "../common/rng.h"
@@ -39,8 +38,7 @@ static void usage(FILE *f) {
 static en_status write_tokenizer(const char *tok_path, const en_tokenizer *tok, const char *out,
                                  en_err *err) {
     const int32_t bos = en_tokenizer_bos(tok), eos = en_tokenizer_eos(tok);
-    struct stat sb;
-    if (stat(tok_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    if (en_path_is_dir(tok_path))
         return en_hf_copy_tokenizer(tok_path, out, bos, eos, NULL, err);
     const char *slash = strrchr(tok_path, '/');
     const char *base = slash ? slash + 1 : tok_path;

@@ -24,7 +24,6 @@
 #include "../common/file.h"
 #include "../common/json.h"
 
-#include <sys/stat.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -395,8 +394,7 @@ static int cmd_render(const opts *o) {
     const char *cmd = "render";
     if (!o->model) return usage_error(cmd, "missing %s", "--model DIR");
     if (!o->messages) return usage_error(cmd, "missing %s", "--messages FILE.json");
-    struct stat st;
-    if (stat(o->model, &st) != 0 || !S_ISDIR(st.st_mode))
+    if (!en_path_is_dir(o->model))
         return usage_error(cmd, "--model: '%s' is not a model directory", o->model);
     json_t *msgs, *extra;
     if (read_messages(o->messages, &msgs, &extra)) return 1;

@@ -11,7 +11,6 @@
 
 #include <inttypes.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "../common/file.h"
 #include "../common/json.h"
@@ -221,11 +220,6 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static int is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 /* The directory part of a file path ("." when there is none). */
 static char *dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
@@ -254,7 +248,7 @@ en_status en_tokenizer_create(const char *model_path, en_tokenizer **out, en_err
     *out = NULL;
     if (!model_path || !*model_path)
         return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_create: empty model path");
-    if (is_dir(model_path)) return en_tokenizer_load(model_path, out, err);
+    if (en_path_is_dir(model_path)) return en_tokenizer_load(model_path, out, err);
     en_tokenizer *t = en_calloc(1, sizeof *t);
     char *dir = dir_of(model_path);
     tok_config c;
