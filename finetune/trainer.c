@@ -276,7 +276,7 @@ static void grad_sumsq(run *r, const float *g, size_t lo, size_t hi, double sq[2
         en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
         size_t a0 = off > lo ? off : lo, a1 = off + ne < hi ? off + ne : hi;
         if (a0 >= a1) continue;
-        int split = r->tp > 1 ? en_model_tp_split(name) : 0;
+        int split = r->tp > 1 ? en_model_tp_split(r->model, name) : 0;
         /* a replicated kv head's block is on several ranks: count it once */
         double reps = r->tp > 1 ? (double)en_model_tp_replicas(r->model, name) : 1.0;
         sq[split ? 0 : 1] += en_op_sumsq(r->be, g + (a0 - lo), a1 - a0) / reps;
@@ -292,11 +292,11 @@ static en_status tp_gather(run *r, const float *local, float *full, en_err *err)
         size_t off, ne;
         en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
         const en_param_spec *fs = &r->full_specs[i];
-        int split = en_model_tp_split(name);
+        int split = en_model_tp_split(r->model, name);
         float *dst = full + fs->offset;
         if (split == 0) {
             memcpy(dst, local + off, ne * sizeof(float));
-        } else if (split == 1 && en_model_is_vocab_tensor(name)) {
+        } else if (split == 1 && en_model_is_vocab_tensor(r->model, name)) {
             /* padded vocabulary: gather every rank's rows, keep vocab_size */
             EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, r->tp_tmp, ne, err));
             memcpy(dst, r->tp_tmp, fs->n_elem * sizeof(float));
@@ -325,10 +325,10 @@ static en_status tp_gather(run *r, const float *local, float *full, en_err *err)
 /* This rank's slice of a whole tensor (the inverse of tp_gather). */
 static void tp_slice(run *r, const char *name, const float *whole, const en_param_spec *fs,
                      float *dst, size_t ne) {
-    int split = en_model_tp_split(name);
+    int split = en_model_tp_split(r->model, name);
     if (r->tp == 1 || split == 0) {
         memcpy(dst, whole, ne * sizeof(float));
-    } else if (split == 1 && en_model_is_vocab_tensor(name)) {
+    } else if (split == 1 && en_model_is_vocab_tensor(r->model, name)) {
         /* this rank's vocab rows; past vocab_size (padding) zero */
         size_t v0 = (size_t)r->tp_rank * ne, have = v0 >= fs->n_elem ? 0 : fs->n_elem - v0;
         if (have > ne) have = ne;
@@ -916,7 +916,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
                 fs->n_elem = (size_t)(sh[0] * sh[1]);
             }
         } else if ((s = en_model_layout(hp, &r->full_specs, &r->n_full_specs, &r->n_full, NULL,
-                                        NULL, NULL, NULL, err)) != EN_OK) {
+                                        err)) != EN_OK) {
             goto fail;
         }
         size_t big = 0;

@@ -13,7 +13,7 @@
  */
 #include <string.h>
 
-#include "model_impl.h"
+#include "family.h"
 
 struct en_kv_pool {
     en_model *m;
@@ -252,12 +252,12 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
 
     en_paged_step pg = {n_seqs, b->tok_off, b->n_keys, b->kv_rows, b->kv_off, b->store_rows,
                         b->k_new, b->v_new};
-    en_llama_embed(m, b->x, b->ids, n, NULL);
-    en_layer_acts a = en_llama_infer_acts(b->xn, b->q, b->att, b->gate, b->up, b->tmp, b->lora_u);
+    en_embed_fwd(m, b->x, b->ids, n, NULL);
+    en_layer_acts a = en_infer_acts(b->xn, b->q, b->att, b->gate, b->up, b->tmp, b->lora_u);
     a.pg = &pg;
     const size_t layer_rows = kv->rows * kv->kvd;
     for (int l = 0; l < hp->n_layer; l++)
-        en_llama_layer_fwd(m, l, b->x, n, 1, b->pos, kv->k + (size_t)l * layer_rows,
+        m->fam->layer_fwd(m, l, b->x, n, 1, b->pos, kv->k + (size_t)l * layer_rows,
                            kv->v + (size_t)l * layer_rows, 0, &a);
 
     /* Logits of the last token of each sequence that asks for them. */
@@ -267,8 +267,8 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
             en_backend_copy(be, b->xsel + (size_t)nr++ * C,
                             b->x + (size_t)(b->tok_off[s + 1] - 1) * C, (size_t)C * sizeof(float));
     if (!nr) return EN_OK;
-    en_op_rmsnorm(be, b->xsel, b->xsel, m->out_norm, hp->norm_eps, nr, C);
-    en_op_matmul(be, b->lg, b->xsel, m->lm_head, NULL, nr, V, C);
+    en_op_rmsnorm(be, b->xsel, b->xsel, m->w.out_norm, hp->norm_eps, nr, C);
+    en_op_matmul(be, b->lg, b->xsel, m->w.lm_head, NULL, nr, V, C);
     nr = 0;
     for (int s = 0; s < n_seqs; s++) /* to the caller's host rows */
         if (seqs[s].logits)

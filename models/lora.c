@@ -378,7 +378,7 @@ en_status en_lora_merge(const en_lora *l, en_model *m, en_err *err) {
     const float s = en_lora_scale(l);
     const int r = l->cfg.rank;
     for (int layer = 0; layer < hp->n_layer; layer++) {
-        en_layer_w *w = &m->layers[layer];
+        en_layer_w *w = &m->w.layers[layer];
         float *targets[EN_LORA_N_TARGETS] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up,
                                              w->w_down};
         for (int i = 0; i < EN_LORA_N_TARGETS; i++) {

@@ -1,7 +1,8 @@
 /*
  * model.c - load a Hugging Face model directory into one parameter
- * allocation, and the inference context (KV cache + scratch) around the
- * forward pass in layers_llama.c.
+ * allocation (each tensor sliced for this tensor-parallel rank as its
+ * family's layout declares), and the inference context (KV cache +
+ * scratch) around the forward pass in forward.c.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -9,80 +10,12 @@
 
 #include "../common/file.h"
 #include "../common/safetensors.h"
-#include "model_impl.h"
+#include "family.h"
 
 en_model_params en_model_params_default(void) {
     en_model_params p = {0};
     p.tp_size = 1;
     return p;
-}
-
-/* How a named tensor is split under tensor parallelism: 0 replicated,
- * 1 by rows (column-parallel linear, vocab-parallel embedding / output),
- * 2 by columns (row-parallel linear). */
-static int tp_split_dim(const char *name) {
-    /* LoRA (PEFT names): B of a column-parallel layer splits like the layer's
-     * rows, A of a row-parallel one (o, down) like its columns; the other
-     * factor is whole on every rank. */
-    size_t nl = strlen(name);
-    int is_a = nl >= 13 && strcmp(name + nl - 13, "lora_A.weight") == 0;
-    int is_b = nl >= 13 && strcmp(name + nl - 13, "lora_B.weight") == 0;
-    if (is_a || is_b) {
-        int row_parallel = strstr(name, "o_proj") != NULL || strstr(name, "down_proj") != NULL;
-        return row_parallel ? (is_a ? 2 : 0) : (is_b ? 1 : 0);
-    }
-    static const char *const rows[] = {"q_proj.weight", "q_proj.bias", "k_proj.weight",
-                                       "k_proj.bias",   "v_proj.weight", "v_proj.bias",
-                                       "gate_proj.weight", "up_proj.weight",
-                                       "embed_tokens.weight", "lm_head.weight"};
-    static const char *const cols[] = {"o_proj.weight", "down_proj.weight"};
-    size_t n = strlen(name);
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        size_t k = strlen(rows[i]);
-        if (n >= k && strcmp(name + n - k, rows[i]) == 0) return 1;
-    }
-    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
-        size_t k = strlen(cols[i]);
-        if (n >= k && strcmp(name + n - k, cols[i]) == 0) return 2;
-    }
-    return 0;
-}
-
-static int is_vocab_tensor(const char *name) {
-    size_t n = strlen(name);
-    return (n >= 19 && strcmp(name + n - 19, "embed_tokens.weight") == 0) ||
-           (n >= 14 && strcmp(name + n - 14, "lm_head.weight") == 0);
-}
-
-/* The shard sizes for tp ranks, or an error naming what does not divide. */
-static en_status tp_local_hparams(const en_model_hparams *hp, int tp, const char *path,
-                                  en_model_hparams *hl, int *kv_rep, en_err *err) {
-    *hl = *hp;
-    *kv_rep = 1;
-    if (tp <= 1) return EN_OK;
-    /* Fewer kv heads than ranks: each kv head is replicated on tp / Hkv
-     * adjacent ranks (the ones whose query heads use it). */
-    if (hp->n_kv_head % tp != 0 && tp % hp->n_kv_head == 0 && hp->n_head % tp == 0) {
-        *kv_rep = tp / hp->n_kv_head;
-        hl->n_kv_head = tp; /* divided to 1 below */
-    }
-    static const char *const what[] = {"num_attention_heads", "num_key_value_heads",
-                                       "intermediate_size"};
-    const int val[] = {hp->n_head, hl->n_kv_head, hp->n_ff};
-    for (int i = 0; i < 3; i++)
-        if (val[i] % tp != 0)
-            return EN_ERR(err, EN_ERR_ARG,
-                          "%s: tensor-parallel size %d does not divide %s %d%s", path, tp,
-                          what[i], val[i],
-                          i == 1 ? " (nor is it a multiple of it, so kv heads cannot be replicated)"
-                                 : "");
-    hl->n_head /= tp;
-    hl->n_kv_head /= tp;
-    hl->n_ff /= tp;
-    /* The vocabulary is padded to a multiple of tp: the last rank's rows past
-     * vocab_size are zero and masked out of the loss and the logits. */
-    hl->n_vocab = (hp->n_vocab + tp - 1) / tp;
-    return EN_OK;
 }
 
 en_ctx_params en_ctx_params_default(void) {
@@ -219,8 +152,8 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     if (s != EN_OK) goto fail;
     s = en_model_hparams_parse(cfg_text, cfg_len, cfg_path, &m->hp, err);
     if (s != EN_OK) goto fail;
-    m->layers = en_calloc((size_t)m->hp.n_layer, sizeof(en_layer_w));
-    if (!m->layers) {
+    m->w.layers = en_calloc((size_t)m->hp.n_layer, sizeof(en_layer_w));
+    if (!m->w.layers) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -231,16 +164,11 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
                    m->tp_size);
         goto fail;
     }
-    s = tp_local_hparams(&m->hp, m->tp_size, cfg_path, &m->hl, &m->kv_rep, err);
+    m->fam = en_family_find(m->hp.model_type);
+    s = en_tp_local_hparams(&m->hp, m->tp_size, cfg_path, &m->hl, &m->kv_rep, err);
     if (s != EN_OK) goto fail;
     m->comm = params->comm;
-    if (m->tp_size > 1 && m->hp.o_bias) {
-        s = EN_ERR(err, EN_ERR_UNSUPPORTED,
-                   "%s: attention_bias with tensor parallelism is not supported yet", cfg_path);
-        goto fail;
-    }
-    s = en_model_layout(&m->hl, &m->specs, &m->n_specs, &m->n_params, m->layers, &m->tok_embd,
-                        &m->out_norm, &m->lm_head, err);
+    s = en_model_layout(&m->hl, &m->specs, &m->n_specs, &m->n_params, &m->w, err);
     if (s != EN_OK) goto fail;
     s = shards_open(dir, &ss, err);
     if (s != EN_OK) goto fail;
@@ -258,11 +186,11 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
             goto fail;
         }
         /* the full tensor: this rank's shape times tp_size along the split */
-        int split = m->tp_size > 1 ? tp_split_dim(sp->name) : 0;
+        int split = m->tp_size > 1 ? sp->split : 0;
         int parts, idx;
         en_model_tp_row_block(m, sp->name, &parts, &idx);
         int64_t full0 = sp->shape[0] * (split == 1 ? parts : 1);
-        if (split == 1 && is_vocab_tensor(sp->name)) full0 = m->hp.n_vocab; /* padded */
+        if (split == 1 && (sp->flags & EN_PARAM_VOCAB)) full0 = m->hp.n_vocab; /* padded */
         int64_t full1 = sp->shape[1] * (split == 2 ? m->tp_size : 1);
         int shape_ok = t->n_dims == sp->n_dims && t->shape[0] == full0 &&
                        (sp->n_dims == 1 || t->shape[1] == full1);
@@ -302,9 +230,9 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         const en_st_tensor *t = shards_find(&ss, sp->name, &file);
         s = en_st_to_f32(t, staging, err);
         if (s != EN_OK) goto fail;
-        int split = m->tp_size > 1 ? tp_split_dim(sp->name) : 0;
+        int split = m->tp_size > 1 ? sp->split : 0;
         const float *src = staging;
-        if (split == 1 && is_vocab_tensor(sp->name)) {
+        if (split == 1 && (sp->flags & EN_PARAM_VOCAB)) {
             /* vocab rows [r*Vl, (r+1)*Vl), zero past vocab_size (padding) */
             size_t Vl = (size_t)m->hl.n_vocab, C = (size_t)sp->shape[1];
             size_t v0 = (size_t)m->tp_rank * Vl, V = (size_t)m->hp.n_vocab;
@@ -329,7 +257,7 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         en_backend_upload(m->be, m->params + sp->offset, src, sp->n_elem * sizeof(float));
         *sp->slot = m->params + sp->offset;
     }
-    if (m->hp.tie_embeddings) m->lm_head = m->tok_embd;
+    if (m->hp.tie_embeddings) m->w.lm_head = m->w.tok_embd;
     en_free(staging);
     shards_close(&ss);
     en_free(cfg_text);
@@ -349,37 +277,13 @@ void en_model_destroy(en_model *m) {
     if (!m) return;
     if (m->params) en_backend_free(m->be, m->params);
     en_free(m->specs);
-    en_free(m->layers);
+    en_free(m->w.layers);
     en_free(m);
 }
 
 const en_model_hparams *en_model_get_hparams(const en_model *m) { return &m->hp; }
 en_backend *en_model_get_backend(const en_model *m) { return m->be; }
 const en_model_hparams *en_model_get_local_hparams(const en_model *m) { return &m->hl; }
-int en_model_tp_size(const en_model *m) { return m->tp_size; }
-int en_model_tp_rank(const en_model *m) { return m->tp_rank; }
-int en_model_tp_split(const char *name) { return tp_split_dim(name); }
-int en_model_kv_rep(const en_model *m) { return m->kv_rep; }
-
-int en_model_is_vocab_tensor(const char *name) { return is_vocab_tensor(name); }
-
-static int is_kv_tensor(const char *name) {
-    return strstr(name, "k_proj.") != NULL || strstr(name, "v_proj.") != NULL;
-}
-
-void en_model_tp_row_block(const en_model *m, const char *name, int *parts, int *idx) {
-    if (m->kv_rep > 1 && is_kv_tensor(name)) { /* replicated kv head */
-        *parts = m->hp.n_kv_head;
-        *idx = m->tp_rank / m->kv_rep;
-    } else {
-        *parts = m->tp_size;
-        *idx = m->tp_rank;
-    }
-}
-
-int en_model_tp_replicas(const en_model *m, const char *name) {
-    return m->kv_rep > 1 && is_kv_tensor(name) && tp_split_dim(name) == 1 ? m->kv_rep : 1;
-}
 
 size_t en_model_param_bytes(const en_model *m) {
     size_t n = 0;
@@ -537,7 +441,7 @@ en_status en_model_forward(en_ctx *c, const int32_t *ids, int n, float *logits, 
         int last = done + chunk == n;
         int want = !logits ? 0 : all_logits ? 2 : last;
         float *host = want == 2 ? logits + (size_t)done * hp->n_vocab : want ? logits : NULL;
-        en_llama_forward_chunk(c, ids + done, chunk, want, host);
+        en_forward_chunk(c, ids + done, chunk, want, host);
     }
     return EN_OK;
 }
@@ -561,7 +465,7 @@ en_status en_model_score(en_ctx *c, const int32_t *ids, int n, double *nll_sum, 
     for (int done = 0; done < n - 1; done += c->n_batch) {
         int chunk = (n - 1) - done < c->n_batch ? (n - 1) - done : c->n_batch;
         /* checked above: ids in range, n <= n_ctx, chunk <= n_batch */
-        en_llama_forward_chunk(c, ids + done, chunk, 2, NULL);
+        en_forward_chunk(c, ids + done, chunk, 2, NULL);
         en_op_cross_entropy(c->m->be, c->nll, c->logits, ids + done + 1, chunk, V);
         en_backend_download(c->m->be, c->nll_h, c->nll, (size_t)chunk * sizeof(float));
         for (int t = 0; t < chunk; t++) sum += c->nll_h[t];
@@ -584,22 +488,3 @@ en_status en_model_set_lora(en_model *m, const en_lora *l, en_err *err) {
 }
 
 const en_lora *en_model_get_lora(const en_model *m) { return m->lora; }
-
-void en_model_tp_allreduce(const en_model *m, float *buf, size_t n) {
-    if (m->tp_size <= 1) return;
-    en_err err = {0};
-    if (en_comm_allreduce_sum(m->comm, EN_GROUP_TP, buf, n, &err) != EN_OK)
-        en_abort(__FILE__, __LINE__, err.msg);
-}
-
-void en_model_tp_allgather(const en_model *m, const float *in, float *out, size_t n_local) {
-    en_err err = {0};
-    if (en_comm_allgather(m->comm, EN_GROUP_TP, in, out, n_local, &err) != EN_OK)
-        en_abort(__FILE__, __LINE__, err.msg);
-}
-
-void en_model_tp_reduce_scatter(const en_model *m, const float *in, float *out, size_t n_local) {
-    en_err err = {0};
-    if (en_comm_reduce_scatter_sum(m->comm, EN_GROUP_TP, in, out, n_local, &err) != EN_OK)
-        en_abort(__FILE__, __LINE__, err.msg);
-}

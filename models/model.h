@@ -39,6 +39,7 @@ typedef struct en_model_hparams {
     int tie_embeddings;  /* lm_head shares embed_tokens */
     int qkv_bias;        /* q/k/v projections have bias (qwen2; llama attention_bias) */
     int o_bias;          /* o projection has bias (llama attention_bias) */
+    int mlp_bias;        /* gate/up/down have biases (llama mlp_bias) */
     int sliding_window;  /* 0 = full causal attention */
     int bos_id, eos_id;  /* from config.json; -1 when absent */
 } en_model_hparams;
@@ -93,9 +94,10 @@ en_backend *en_model_get_backend(const en_model *m); /* the backend it was loade
 const en_model_hparams *en_model_get_local_hparams(const en_model *m);
 int en_model_tp_size(const en_model *m);
 int en_model_tp_rank(const en_model *m);
-/* How the tensor of this Hugging Face name is split under tensor
- * parallelism: 0 whole on every rank, 1 by rows, 2 by columns. */
-int en_model_tp_split(const char *name);
+/* How the tensor of this Hugging Face (or PEFT adapter) name is split
+ * under tensor parallelism, as the family's layout declares it: 0 whole on
+ * every rank (also for unknown names), 1 by rows, 2 by columns. */
+int en_model_tp_split(const en_model *m, const char *name);
 /* Rows-split tensors are cut into *parts blocks of which this rank holds
  * block *idx: tp_size and tp_rank, except k/v under kv-head replication
  * (fewer kv heads than ranks: parts = kv heads, idx = the kv head this
@@ -107,7 +109,7 @@ int en_model_tp_replicas(const en_model *m, const char *name);
 int en_model_kv_rep(const en_model *m);
 /* 1 for the embedding and output matrices (vocab-parallel, padded to a
  * multiple of tp: rows past vocab_size are zero and masked). */
-int en_model_is_vocab_tensor(const char *name);
+int en_model_is_vocab_tensor(const en_model *m, const char *name);
 size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per token */
 
 /* Borrowed pointer to a named parameter (Hugging Face name) and its element

@@ -8,7 +8,9 @@
 #include "lora.h"
 #include "model.h"
 
-/* Pointers into the single parameter allocation, one struct per layer. */
+/* Pointers into the single parameter allocation, one struct per layer:
+ * every tensor any family's layer uses (a family's layout fills the ones
+ * it has; the others stay NULL). */
 typedef struct en_layer_w {
     float *attn_norm; /* (C) */
     float *wq;        /* (H*D, C) */
@@ -21,10 +23,33 @@ typedef struct en_layer_w {
     float *w_gate;    /* (F, C) */
     float *w_up;      /* (F, C) */
     float *w_down;    /* (C, F) */
+    float *b_gate, *b_up, *b_down; /* (F), (F), (C) or NULL (mlp_bias) */
 } en_layer_w;
 
-/* One named tensor of the layout: Hugging Face name, shape, offset (floats)
- * into the parameter allocation, and where the pointer goes. */
+/* The model's weights: views into the parameter allocation. */
+typedef struct en_weights {
+    float *tok_embd; /* (V, C) */
+    float *out_norm; /* (C) */
+    float *lm_head;  /* (V, C); == tok_embd when tied */
+    en_layer_w *layers;
+} en_weights;
+
+/* How tensor parallelism cuts a tensor (declared by the family layout). */
+enum {
+    EN_SPLIT_NONE = 0, /* whole on every rank (norms, row-parallel biases) */
+    EN_SPLIT_ROWS = 1, /* by rows: column-parallel linear, vocab-parallel tables */
+    EN_SPLIT_COLS = 2, /* by columns: row-parallel linear (o, down) */
+};
+/* en_param_spec.flags */
+enum {
+    EN_PARAM_VOCAB = 1 << 0,    /* rows are the vocabulary, padded to a multiple of tp */
+    EN_PARAM_KV = 1 << 1,       /* rows are kv heads, replicated when fewer than ranks */
+    EN_PARAM_NO_DECAY = 1 << 2, /* norms and biases: no AdamW weight decay */
+};
+
+/* One named tensor of the layout: Hugging Face name, shape (this rank's),
+ * offset (floats) into the parameter allocation, where the pointer goes,
+ * and how it is split and stored. */
 typedef struct en_param_spec {
     char name[96];
     int n_dims;
@@ -32,11 +57,20 @@ typedef struct en_param_spec {
     size_t offset;
     size_t n_elem;
     float **slot;
+    int split;      /* EN_SPLIT_* */
+    unsigned flags; /* EN_PARAM_* */
+    /* A block of a fused checkpoint tensor (src[0] != 0): rows
+     * [src_row0, src_row0 + src_rows) of the file tensor named src. */
+    char src[96];
+    int64_t src_row0, src_rows;
 } en_param_spec;
+
+struct en_family;
 
 struct en_model {
     en_model_hparams hp; /* the whole model's (what config.json says) */
     en_model_hparams hl; /* this rank's shard (== hp without tensor parallelism) */
+    const struct en_family *fam;
     int tp_rank, tp_size;
     int kv_rep;    /* ranks sharing each kv head (1: kv heads split) */
     en_comm *comm; /* borrowed; its TP group, when tp_size > 1 */
@@ -45,10 +79,7 @@ struct en_model {
     size_t n_params;
     en_param_spec *specs;
     int n_specs;
-    float *tok_embd; /* (V, C) */
-    float *out_norm; /* (C) */
-    float *lm_head;  /* (V, C); == tok_embd when tied */
-    en_layer_w *layers;
+    en_weights w;
     const en_lora *lora; /* borrowed adapter, or NULL */
 };
 
@@ -97,18 +128,112 @@ typedef struct en_paged_step {
     float *k_new, *v_new;      /* (n, Hkv*D) scratch */
 } en_paged_step;
 
-/* One layer over n tokens made of n_seq sequences of n/n_seq tokens.
- * x (n, C) is updated in place. kc, vc hold the layer's key/value rows
- * (rows of Hkv*D floats): with n_seq == 1 the new rows go to p0.. and
- * attention covers rows 0..p0+n (the KV cache); with n_seq > 1 (training,
- * p0 == 0) sequence s owns rows s*T.. of kc/vc. pos (n) are the positions. */
-void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
-                        float *kc, float *vc, int p0, const en_layer_acts *a);
+/* The state a layer's backward works with (train.c owns the buffers).
+ * Shapes for the N = B * T tokens of a training batch; Nx rows of the
+ * residual stream are held here (N, or N / tp with sequence parallelism). */
+typedef struct en_grad_ctx {
+    const en_model *m;
+    en_backend *be;
+    float *grads;         /* gradients, same layout as params */
+    const float *params;  /* the model's params (full fine-tuning) or the adapter's data */
+    const en_lora *lora;  /* LoRA: only the adapter trains */
+    int N, B, T, Nx;
+    const int32_t *pos;   /* (N) */
+    int sp;               /* sequence parallelism */
+    float *dx;            /* (Nx, C) in: d(layer output); out: d(layer input) */
+    /* scratch */
+    float *dxn;           /* (N, C) */
+    float *dq, *datt;     /* (N, H*D) */
+    float *dk, *dv;       /* (N, Hkv*D) */
+    float *dgate, *dup, *dh; /* (N, F) */
+    float *lora_u, *lora_du; /* (N, r) */
+    float *xg, *dfull, *dxl; /* sequence parallelism: (N, C), (N, C), (Nx, C) */
+} en_grad_ctx;
+
+/* ---- linear.c: linear layers with their LoRA path, forward and backward ---- */
 
 /* y(M,N) = x W^T + b (+ s (x A^T) B^T when lp is not NULL). u (M, r) and
  * tmp (M, N) are scratch. */
 void en_linear_fwd(en_backend *be, float *y, const float *x, const float *w, const float *b,
                    const en_lora_pair *lp, float s, float *u, float *tmp, int M, int N, int K);
+/* A row-parallel linear (o, down) under tensor parallelism: y is this
+ * rank's partial sum (the caller reduces it); the adapter's low-rank
+ * factor is summed over the group and its term added on rank 0 only. */
+void en_linear_row_fwd(const en_model *m, float *y, const float *x, const float *w,
+                       const float *b, const en_lora_pair *lp, float s, float *u, float *tmp,
+                       int M, int N, int K);
+/* Backward of either: dx += dy W (+ the adapter's), dW += dy^T x, db += sum dy,
+ * and the adapter's dA, dB when lp is not NULL. row_parallel: o / down. */
+void en_linear_bwd(en_grad_ctx *g, float *dx, float *dW, float *db, const float *dy,
+                   const float *x, const float *W, const en_lora_pair *lp, int M, int N, int K,
+                   int row_parallel);
+/* The gradient buffer of a base weight, or NULL when it is frozen (LoRA)
+ * or absent. */
+float *en_grad_of(const en_grad_ctx *g, const float *w);
+
+/* ---- parallel.c: tensor- and sequence-parallel mappings ---- */
+
+/* Sum a buffer over the tensor-parallel group (no-op without TP). A failed
+ * collective cannot be recovered from inside a forward pass: it aborts with
+ * the communicator's message (hangs are caught by its watchdog). */
+void en_model_tp_allreduce(const en_model *m, float *buf, size_t n);
+/* Sequence parallelism's pair (abort on failure like en_model_tp_allreduce):
+ * all-gather n_local floats from every TP rank into out (tp * n_local), and
+ * reduce-scatter in (tp * n_local) summing into this rank's out (n_local). */
+void en_model_tp_allgather(const en_model *m, const float *in, float *out, size_t n_local);
+void en_model_tp_reduce_scatter(const en_model *m, const float *in, float *out, size_t n_local);
+/* x += a row-parallel layer's output (n rows, a partial sum per rank):
+ * all-reduced, or with sequence parallelism reduce-scattered to this
+ * rank's nx rows of x. scratch: (nx, C) when sp. */
+void en_tp_residual_add(const en_model *m, float *x, float *proj, int n, int nx, int sp,
+                        float *scratch);
+/* The backward's conjugates: rows_all gives the N rows of a buffer this
+ * rank holds Nx rows of (all-gathered into full), sum_rows sums a partial
+ * (N, C) input gradient over the group (reduce-scattered to our rows in
+ * g->dxl, or all-reduced in place). No-ops without TP / SP. */
+const float *en_tp_rows_all(const en_grad_ctx *g, const float *local, float *full);
+const float *en_tp_sum_rows(const en_grad_ctx *g, float *partial);
+/* The shard sizes for tp ranks, or an error naming what does not divide. */
+en_status en_tp_local_hparams(const en_model_hparams *hp, int tp, const char *path,
+                              en_model_hparams *hl, int *kv_rep, en_err *err);
+/* The spec of a named tensor (a PEFT lora_A/lora_B name maps to its base
+ * tensor's), or NULL. */
+const en_param_spec *en_model_find_spec(const en_model *m, const char *name);
+
+/* ---- embed.c: token embedding (vocab-parallel under TP) ---- */
+
+/* x (n, C) = rows of the token embedding; under tensor parallelism the
+ * vocab-parallel lookup plus its all-reduce (ids_local: n ints scratch). */
+void en_embed_fwd(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local);
+/* dtable += dx rows at ids (full fine-tuning); vocab-parallel: only the
+ * rows held here. dx (N, C) all rows; scratch (N, C) under TP. */
+void en_embed_bwd(const en_model *m, float *dtable, const float *dx, const int32_t *ids, int n,
+                  int32_t *ids_local, float *scratch);
+/* ids_local[t] = ids[t] - (this rank's first vocab row), or -1 when the id
+ * lives on another tensor-parallel rank. Returns how many are elsewhere. */
+int en_embed_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *ids_local);
+
+/* ---- layers_llama.c: the Llama-style decoder layer ---- */
+
+/* One layer over n tokens made of n_seq sequences of n/n_seq tokens.
+ * x (n, C) is updated in place. kc, vc hold the layer's key/value rows
+ * (rows of Hkv*D floats): with n_seq == 1 the new rows go to p0.. and
+ * attention covers rows 0..p0+n (the KV cache); with n_seq > 1 (training,
+ * p0 == 0) sequence s owns rows s*T.. of kc/vc. pos (n) are the positions.
+ * With a->pg (batched serving) kc / vc are the layer's paged pool. */
+void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
+                        float *kc, float *vc, int p0, const en_layer_acts *a);
+/* Its backward from the saved activations a and key/value rows k, v:
+ * g->dx goes from d(output) to d(input); weight (or adapter) gradients
+ * accumulate into g->grads. */
+void en_llama_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const float *k,
+                        const float *v);
+
+/* The layer buffers of an inference pass (a context's or a batch's
+ * scratch): one set reused by every layer, the MLP's product written over
+ * the gate, o/down outputs into xn (their inputs are att and h, not xn). */
+en_layer_acts en_infer_acts(float *xn, float *q, float *att, float *gate, float *up, float *tmp,
+                            float *lora_u);
 
 struct en_ctx {
     en_model *m;
@@ -132,39 +257,16 @@ struct en_ctx {
     float *lg_gather;   /* (tp, B, V/tp) the all-gather's result */
 };
 
-/* Sum a buffer over the tensor-parallel group (no-op without TP). A failed
- * collective cannot be recovered from inside a forward pass: it aborts with
- * the communicator's message (hangs are caught by its watchdog). */
-void en_model_tp_allreduce(const en_model *m, float *buf, size_t n);
-/* Sequence parallelism's pair (abort on failure like en_model_tp_allreduce):
- * all-gather n_local floats from every TP rank into out (tp * n_local), and
- * reduce-scatter in (tp * n_local) summing into this rank's out (n_local). */
-void en_model_tp_allgather(const en_model *m, const float *in, float *out, size_t n_local);
-void en_model_tp_reduce_scatter(const en_model *m, const float *in, float *out, size_t n_local);
-
-/* Build the parameter table for hp; *specs is en_malloc'd. slots are
- * filled in by en_model_layout_bind once the allocation exists. */
+/* Build the parameter table of a model of hyper-parameters hp (a rank's
+ * shard); *specs is en_malloc'd. When w is not NULL (its layers array of
+ * n_layer entries allocated) the slots point into it. */
 en_status en_model_layout(const en_model_hparams *hp, en_param_spec **specs, int *n_specs,
-                          size_t *n_params, en_layer_w *layers, float **tok_embd,
-                          float **out_norm, float **lm_head, en_err *err);
+                          size_t *n_params, en_weights *w, en_err *err);
 
-/* Token embedding of n ids into x (n, C); under tensor parallelism the
- * vocab-parallel lookup plus its all-reduce (ids_local: n ints scratch). */
-void en_llama_embed(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local);
-/* ids_local[t] = ids[t] - (this rank's first vocab row), or -1 when the id
- * lives on another tensor-parallel rank. Returns how many are elsewhere. */
-int en_llama_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *ids_local);
-
-/* The layer buffers of an inference pass (a context's or a batch's
- * scratch): one set reused by every layer, the MLP's product written over
- * the gate, o/down outputs into xn (their inputs are att and h, not xn). */
-en_layer_acts en_llama_infer_acts(float *xn, float *q, float *att, float *gate, float *up,
-                                  float *tmp, float *lora_u);
-
-/* The forward pass of the Llama family over one chunk (layers_llama.c).
+/* The forward pass over one chunk of a context (forward.c).
  * want: 0 no logits, 1 the last token's, 2 every token's; they land in
  * c->logits (a backend buffer) and, when host is not NULL, are copied
  * there too ((1, V) or (n, V) floats). */
-void en_llama_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *host);
+void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *host);
 
 #endif

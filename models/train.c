@@ -1,11 +1,8 @@
 /*
- * train.c - forward with saved activations and the backward pass of the
- * Llama family. See train.h. The forward reuses en_llama_layer_fwd (the
- * inference forward) with per-layer activation buffers; the backward walks
- * the same steps in reverse, one backend op per forward op:
- *
- *   x_mid = x_in + o(attn(rope(q(n1)), rope(k(n1)), v(n1)))   n1 = rms(x_in)
- *   x_out = x_mid + down(silu(gate(n2)) * up(n2))             n2 = rms(x_mid)
+ * train.c - a training step: the forward with saved activations (each
+ * layer through its family's layer_fwd, with per-layer activation
+ * buffers), the loss fused with the output projection, and the backward
+ * (the family's layer_bwd, layer by layer in reverse). See train.h.
  */
 #include "train.h"
 
@@ -13,7 +10,7 @@
 #include <string.h>
 
 #include "lora.h"
-#include "model_impl.h"
+#include "family.h"
 
 typedef struct train_tensor {
     const char *name;
@@ -57,6 +54,7 @@ struct en_train {
     float *xg, *dfull, *dxl;       /* (N, C), (N, C), (Nl, C) SP scratch */
     float *kv_scratch;             /* kv-head replication: one whole k/v tensor */
     float *ce_max, *ce_sum, *ce_tl; /* (chunk) vocab-parallel cross-entropy */
+    en_grad_ctx g;                  /* what the layers' backward works with */
 };
 
 static void zero(en_backend *be, float *p, size_t n) { en_backend_zero(be, p, n * sizeof(float)); }
@@ -237,6 +235,12 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->x = p, p += N * C;
     t->xf = p, p += N * C;
     for (int i = 0; i < t->N; i++) t->pos[i] = i % cfg->seq_len;
+    t->g = (en_grad_ctx){.m = m, .be = be, .grads = t->grads, .params = t->params,
+                         .lora = t->lora, .N = t->N, .B = cfg->batch, .T = cfg->seq_len,
+                         .Nx = t->sp ? t->Nl : t->N, .pos = t->pos, .sp = t->sp, .dx = t->dx,
+                         .dxn = t->dxn, .dq = t->dq, .datt = t->datt, .dk = t->dk, .dv = t->dv,
+                         .dgate = t->dgate, .dup = t->dup, .dh = t->dh, .lora_u = t->lora_u,
+                         .lora_du = t->lora_du, .xg = t->xg, .dfull = t->dfull, .dxl = t->dxl};
     *out = t;
     return EN_OK;
 oom:
@@ -289,42 +293,7 @@ size_t en_train_activation_bytes(const en_train *t, size_t *per_layer) {
 }
 
 /* Gradient buffer of a base weight, or NULL when the base is frozen. */
-static float *gw(const en_train *t, const float *w) {
-    if (t->lora || !w) return NULL;
-    return t->grads + (w - t->m->params);
-}
-
-/* Backward of en_linear_fwd: y = x W^T + b + s (x A^T) B^T. Under tensor
- * parallelism (row_parallel: o and down, else column-parallel) the adapter
- * follows its layer's split: a column-parallel layer's B is split by rows
- * and A is whole, so du (a partial sum over the output shards) is summed
- * over the group and du A, whole, is added to dx on rank 0 only (dx is
- * summed over the group next); a row-parallel layer's A is split by columns
- * and B is whole, so u is summed over the group first. */
-static void linear_bwd(en_train *t, float *dx, float *dW, float *db, const float *dy,
-                       const float *x, const float *W, const en_lora_pair *lp, int M, int N,
-                       int K, int row_parallel) {
-    en_backend *be = t->be;
-    const en_model *m = t->m;
-    en_op_matmul_bwd(be, dx, dW, db, dy, x, W, M, N, K);
-    if (!lp) return;
-    const float s = en_lora_scale(t->lora);
-    const int r = lp->rank;
-    const int tp = m->tp_size > 1;
-    float *dA = t->grads + (lp->A - t->params), *dB = t->grads + (lp->B - t->params);
-    /* u = s * x A^T (recomputed: M x r is cheap next to the base product) */
-    en_op_matmul(be, t->lora_u, x, lp->A, NULL, M, r, K);
-    if (tp && row_parallel) en_model_tp_allreduce(m, t->lora_u, (size_t)M * r);
-    en_op_scale(be, t->lora_u, s, (size_t)M * r);
-    /* dB += dy^T u ; du = s * dy B */
-    zero(t->be, t->lora_du, (size_t)M * r);
-    en_op_matmul_bwd(be, t->lora_du, dB, NULL, dy, t->lora_u, lp->B, M, N, r);
-    if (tp && !row_parallel) en_model_tp_allreduce(m, t->lora_du, (size_t)M * r);
-    en_op_scale(be, t->lora_du, s, (size_t)M * r);
-    /* dA += du^T x ; dx += du A */
-    float *dx_lora = tp && !row_parallel && m->tp_rank != 0 ? NULL : dx;
-    en_op_matmul_bwd(be, dx_lora, dA, NULL, t->lora_du, x, lp->A, M, r, K);
-}
+static float *gw(const en_train *t, const float *w) { return en_grad_of(&t->g, w); }
 
 static en_status check_batch(const en_train *t, const int32_t *inputs, const int32_t *targets,
                              en_err *err) {
@@ -392,38 +361,14 @@ static void vocab_parallel_ce(en_train *t, const int32_t *tg, int rows, int back
     }
 }
 
-/* Sequence parallelism's conjugate pair in the backward pass (no-ops
- * without it, where every rank holds all N rows):
- * rows_all: the N rows of a buffer this rank holds Nl rows of (all-gather
- *           into `full`), or `local` itself;
- * sum_rows: a partial (N, C) gradient summed over the tensor-parallel
- *           group: reduce-scattered into this rank's rows (t->dxl), or
- *           all-reduced in place. */
-static const float *rows_all(en_train *t, const float *local, float *full) {
-    if (!t->sp) return local;
-    en_model_tp_allgather(t->m, local, full, (size_t)t->Nl * (size_t)t->m->hp.n_embd);
-    return full;
-}
-
-static const float *sum_rows(en_train *t, float *partial) {
-    const size_t C = (size_t)t->m->hp.n_embd;
-    if (t->sp) {
-        en_model_tp_reduce_scatter(t->m, partial, t->dxl, (size_t)t->Nl * C);
-        return t->dxl;
-    }
-    en_model_tp_allreduce(t->m, partial, (size_t)t->N * C);
-    return partial;
-}
-
 static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets, int backward,
                      float grad_scale, double *nll_sum, int64_t *n_tokens, en_err *err) {
     EN_TRY(check_batch(t, inputs, targets, err));
     en_model *m = t->m;
     en_backend *be = t->be;
     const en_model_hparams *hp = &m->hl; /* this rank's heads, MLP width, vocab rows */
-    const int N = t->N, B = t->cfg.batch, T = t->cfg.seq_len;
-    const int C = hp->n_embd, F = hp->n_ff, H = hp->n_head, Hkv = hp->n_kv_head, D = hp->head_dim;
-    const int QD = H * D, KVD = Hkv * D, V = hp->n_vocab, L = hp->n_layer;
+    const int N = t->N, B = t->cfg.batch;
+    const int C = hp->n_embd, V = hp->n_vocab, L = hp->n_layer;
     const en_lora *lo = t->lora;
 
     /* rows of the residual stream held here: all, or N / tp with sequence
@@ -433,29 +378,29 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
 
     /* ---- forward ---- */
     if (t->sp) {
-        en_llama_embed(m, t->xg, inputs, N, t->ids_local);
+        en_embed_fwd(m, t->xg, inputs, N, t->ids_local);
         en_backend_copy(be, t->x, t->xg + my_rows, (size_t)Nx * C * sizeof(float));
     } else {
-        en_llama_embed(m, t->x, inputs, N, t->ids_local);
+        en_embed_fwd(m, t->x, inputs, N, t->ids_local);
     }
     for (int l = 0; l < L; l++)
-        en_llama_layer_fwd(m, l, t->x, N, B, t->pos, t->k[l], t->v[l], 0, &t->acts[l]);
+        m->fam->layer_fwd(m, l, t->x, N, B, t->pos, t->k[l], t->v[l], 0, &t->acts[l]);
     if (t->sp) { /* the vocab-parallel loss needs every row */
-        en_op_rmsnorm(be, t->dxl, t->x, m->out_norm, hp->norm_eps, Nx, C);
+        en_op_rmsnorm(be, t->dxl, t->x, m->w.out_norm, hp->norm_eps, Nx, C);
         en_model_tp_allgather(m, t->dxl, t->xf, (size_t)Nx * C);
     } else {
-        en_op_rmsnorm(be, t->xf, t->x, m->out_norm, hp->norm_eps, N, C);
+        en_op_rmsnorm(be, t->xf, t->x, m->w.out_norm, hp->norm_eps, N, C);
     }
 
     /* ---- loss, fused with the output projection, chunk by chunk ---- */
     double sum = 0;
     int64_t count = 0;
     if (backward) zero(t->be, t->dxf, (size_t)N * C);
-    float *dWlm = gw(t, m->lm_head);
+    float *dWlm = gw(t, m->w.lm_head);
     for (int r0 = 0; r0 < N; r0 += t->cfg.ce_chunk) {
         int rows = N - r0 < t->cfg.ce_chunk ? N - r0 : t->cfg.ce_chunk;
         const float *xf = t->xf + (size_t)r0 * C;
-        en_op_matmul(be, t->logits, xf, m->lm_head, NULL, rows, V, C);
+        en_op_matmul(be, t->logits, xf, m->w.lm_head, NULL, rows, V, C);
         if (m->tp_size > 1) {
             vocab_parallel_ce(t, targets + r0, rows, backward, grad_scale, &sum, &count);
         } else {
@@ -475,21 +420,20 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             en_op_cross_entropy_bwd(be, t->logits, t->logits, targets + r0, t->scale, rows, V);
         }
         if (!backward) continue;
-        en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf, m->lm_head, rows,
+        en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf, m->w.lm_head, rows,
                          V, C);
     }
     *nll_sum = sum;
     *n_tokens = count;
     if (!backward) return EN_OK;
     /* each rank's vocab rows gave part of d(xf): sum (SP: into our rows) */
-    const float *dxf = sum_rows(t, t->dxf);
+    const float *dxf = en_tp_sum_rows(&t->g, t->dxf);
 
     /* ---- backward ---- */
     zero(t->be, t->dx, (size_t)Nx * C);
-    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->out_norm), dxf, t->x, m->out_norm, hp->norm_eps, Nx, C);
+    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->w.out_norm), dxf, t->x, m->w.out_norm, hp->norm_eps, Nx, C);
     for (int l = L - 1; l >= 0; l--) {
         const en_layer_acts *a = &t->acts[l];
-        const en_layer_w *w = &m->layers[l];
         if (t->cfg.recompute == EN_RECOMPUTE_FULL && l != L - 1) {
             /* Re-run this layer's forward from its saved input to refill the
              * shared working set (the last layer's is still there from the
@@ -497,78 +441,17 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             en_layer_acts ra = *a;
             ra.x_in = NULL;
             en_backend_copy(be, t->xr, a->x_in, (size_t)Nx * C * sizeof(float));
-            en_llama_layer_fwd(m, l, t->xr, N, B, t->pos, t->k[l], t->v[l], 0, &ra);
+            m->fam->layer_fwd(m, l, t->xr, N, B, t->pos, t->k[l], t->v[l], 0, &ra);
         }
-#define LP(i) (lo ? en_lora_get(lo, l, (i)) : NULL)
-        /* Sequence parallelism: the gradient of the residual stream (dx)
-         * holds our rows; the row-parallel layers' backward needs all rows
-         * (all-gather), the column-parallel input gradients are summed into
-         * our rows (reduce-scatter), and the norms' inputs are re-gathered. */
-        const float *dy = rows_all(t, t->dx, t->dfull);
-        /* MLP: x_out = x_mid + down(h), h = silu(gate) * up */
-        zero(t->be, t->dh, (size_t)N * F);
-        linear_bwd(t, t->dh, gw(t, w->w_down), NULL, dy, a->h, w->w_down, LP(6), N, C, F, 1);
-        zero(t->be, t->dgate, (size_t)N * F);
-        zero(t->be, t->dup, (size_t)N * F);
-        en_op_swiglu_bwd(be, t->dgate, t->dup, t->dh, a->gate, a->up, (size_t)N * F);
-        zero(t->be, t->dxn, (size_t)N * C);
-        const float *xn = rows_all(t, a->xn2, t->xg);
-        linear_bwd(t, t->dxn, gw(t, w->w_gate), NULL, t->dgate, xn, w->w_gate, LP(4), N, F, C, 0);
-        linear_bwd(t, t->dxn, gw(t, w->w_up), NULL, t->dup, xn, w->w_up, LP(5), N, F, C, 0);
-        /* column-parallel gate/up: the input gradient sums over ranks */
-        const float *dxn = sum_rows(t, t->dxn);
-        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->ffn_norm), dxn, a->x_mid, w->ffn_norm,
-                          hp->norm_eps, Nx, C);
-        /* attention: x_mid = x_in + o(att) */
-        dy = rows_all(t, t->dx, t->dfull);
-        zero(t->be, t->datt, (size_t)N * QD);
-        linear_bwd(t, t->datt, gw(t, w->wo), gw(t, w->bo), dy, a->att, w->wo, LP(3), N, C, QD, 1);
-        zero(t->be, t->dq, (size_t)N * QD);
-        zero(t->be, t->dk, (size_t)N * KVD);
-        zero(t->be, t->dv, (size_t)N * KVD);
-        for (int sq = 0; sq < B; sq++) {
-            size_t qo = (size_t)sq * T * QD, ko = (size_t)sq * T * KVD;
-            if (a->probs)
-                en_op_attention_bwd_stored(be, t->dq + qo, t->dk + ko, t->dv + ko, t->datt + qo,
-                                           a->probs + (size_t)sq * T * H * T, a->q + qo,
-                                           (size_t)QD, t->k[l] + ko, t->v[l] + ko, (size_t)KVD,
-                                           t->pos + (size_t)sq * T, T, T, H, Hkv, D,
-                                           hp->sliding_window);
-            else
-                en_op_attention_bwd(be, t->dq + qo, t->dk + ko, t->dv + ko, t->datt + qo,
-                                    a->q + qo, (size_t)QD, t->k[l] + ko, t->v[l] + ko,
-                                    (size_t)KVD, t->pos + (size_t)sq * T, T, T, H, Hkv, D,
-                                    hp->sliding_window);
-        }
-        en_op_rope_bwd(be, t->dq, t->pos, N, H, D, (size_t)QD, hp->rope_theta);
-        en_op_rope_bwd(be, t->dk, t->pos, N, Hkv, D, (size_t)KVD, hp->rope_theta);
-        zero(t->be, t->dxn, (size_t)N * C);
-        xn = rows_all(t, a->xn1, t->xg);
-        linear_bwd(t, t->dxn, gw(t, w->wq), gw(t, w->bq), t->dq, xn, w->wq, LP(0), N, QD, C, 0);
-        linear_bwd(t, t->dxn, gw(t, w->wk), gw(t, w->bk), t->dk, xn, w->wk, LP(1), N, KVD, C, 0);
-        linear_bwd(t, t->dxn, gw(t, w->wv), gw(t, w->bv), t->dv, xn, w->wv, LP(2), N, KVD, C, 0);
-        /* column-parallel q/k/v: the input gradient sums over ranks */
-        dxn = sum_rows(t, t->dxn);
-        en_op_rmsnorm_bwd(be, t->dx, gw(t, w->attn_norm), dxn, a->x_in, w->attn_norm,
-                          hp->norm_eps, Nx, C);
-#undef LP
+        m->fam->layer_bwd(&t->g, l, a, t->k[l], t->v[l]);
     }
-    if (!lo && m->tp_size == 1) {
-        en_op_embedding_bwd(be, gw(t, m->tok_embd), t->dx, inputs, N, C);
-    } else if (!lo) {
-        /* vocab-parallel: only the tokens whose rows live here; the others'
-         * gradient rows are zeroed in a copy (dxn is free now) */
-        en_llama_local_ids(m, inputs, N, t->ids_local);
-        if (t->sp)
+    if (!lo) {
+        const float *dx = t->dx;
+        if (t->sp) { /* every row's gradient: the embedding is vocab-parallel */
             en_model_tp_allgather(m, t->dx, t->dxn, (size_t)Nx * C);
-        else
-            memcpy(t->dxn, t->dx, (size_t)N * C * sizeof(float));
-        for (int i = 0; i < N; i++)
-            if (t->ids_local[i] < 0) {
-                memset(t->dxn + (size_t)i * C, 0, (size_t)C * sizeof(float));
-                t->ids_local[i] = 0;
-            }
-        en_op_embedding_bwd(be, gw(t, m->tok_embd), t->dxn, t->ids_local, N, C);
+            dx = t->dxn;
+        }
+        en_embed_bwd(m, gw(t, m->w.tok_embd), dx, inputs, N, t->ids_local, t->dxn);
     }
     return EN_OK;
 }
@@ -580,10 +463,10 @@ void en_train_reduce_grads(en_train *t) {
     if (t->sp && !t->lora) {
         /* With sequence parallelism each rank's norm weights saw only its
          * rows of the batch: sum their gradients over the group. */
-        en_model_tp_allreduce(m, gw(t, m->out_norm), C);
+        en_model_tp_allreduce(m, gw(t, m->w.out_norm), C);
         for (int l = 0; l < m->hp.n_layer; l++) {
-            en_model_tp_allreduce(m, gw(t, m->layers[l].attn_norm), C);
-            en_model_tp_allreduce(m, gw(t, m->layers[l].ffn_norm), C);
+            en_model_tp_allreduce(m, gw(t, m->w.layers[l].attn_norm), C);
+            en_model_tp_allreduce(m, gw(t, m->w.layers[l].ffn_norm), C);
         }
     }
     if (m->kv_rep > 1) {

@@ -1,0 +1,60 @@
+/*
+ * embed.c - the token embedding, forward and backward. Under tensor
+ * parallelism the table is vocab-parallel (Megatron): each rank holds
+ * V/tp rows; a token's row comes from the rank that holds it, the others
+ * contribute zeros to an all-reduce.
+ */
+#include <string.h>
+
+#include "model_impl.h"
+
+int en_embed_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *ids_local) {
+    const int Vl = m->hl.n_vocab, v0 = m->tp_rank * Vl;
+    int outside = 0;
+    for (int t = 0; t < n; t++) {
+        int local = ids[t] - v0;
+        int in = local >= 0 && local < Vl;
+        ids_local[t] = in ? local : -1;
+        outside += !in;
+    }
+    return outside;
+}
+
+void en_embed_fwd(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local) {
+    const int C = m->hp.n_embd;
+    if (m->tp_size == 1) {
+        en_op_embedding(m->be, x, m->w.tok_embd, ids, n, C);
+        return;
+    }
+    /* this rank holds rows [v0, v0 + V/tp); other tokens get zero rows here
+     * and their values from the all-reduce.
+     * TODO(#6): a masked-embedding op, so this works on device buffers. */
+    en_embed_local_ids(m, ids, n, ids_local);
+    for (int t = 0; t < n; t++)
+        if (ids_local[t] < 0) ids_local[t] = 0; /* looked up, then zeroed */
+    en_op_embedding(m->be, x, m->w.tok_embd, ids_local, n, C);
+    en_embed_local_ids(m, ids, n, ids_local);
+    for (int t = 0; t < n; t++)
+        if (ids_local[t] < 0) memset(x + (size_t)t * C, 0, (size_t)C * sizeof(float));
+    en_model_tp_allreduce(m, x, (size_t)n * C);
+}
+
+void en_embed_bwd(const en_model *m, float *dtable, const float *dx, const int32_t *ids, int n,
+                  int32_t *ids_local, float *scratch) {
+    const int C = m->hp.n_embd;
+    if (!dtable) return;
+    if (m->tp_size == 1) {
+        en_op_embedding_bwd(m->be, dtable, dx, ids, n, C);
+        return;
+    }
+    /* only the tokens whose rows live here; the others' gradient rows are
+     * zeroed in a copy */
+    en_embed_local_ids(m, ids, n, ids_local);
+    if (scratch != dx) memcpy(scratch, dx, (size_t)n * C * sizeof(float));
+    for (int i = 0; i < n; i++)
+        if (ids_local[i] < 0) {
+            memset(scratch + (size_t)i * C, 0, (size_t)C * sizeof(float));
+            ids_local[i] = 0;
+        }
+    en_op_embedding_bwd(m->be, dtable, scratch, ids_local, n, C);
+}

@@ -1,0 +1,93 @@
+/*
+ * family_llama.c - the family entries built on the Llama decoder layer
+ * (layers_llama.c): llama, mistral, qwen2. Each is its config.json fields
+ * and its tensor layout; the layer code is shared.
+ */
+#include "family.h"
+
+/* llama: attention_bias puts biases on q, k, v and o; mlp_bias on gate,
+ * up and down. */
+static en_status llama_config(json_t *root, const char *path, en_model_hparams *hp,
+                              en_err *err) {
+    int attention_bias = 0;
+    EN_TRY(en_cfg_bool(root, "attention_bias", path, 0, &attention_bias, err));
+    EN_TRY(en_cfg_bool(root, "mlp_bias", path, 0, &hp->mlp_bias, err));
+    hp->qkv_bias = hp->o_bias = attention_bias;
+    return EN_OK;
+}
+
+/* mistral: a sliding window over every layer (null: none). */
+static en_status mistral_config(json_t *root, const char *path, en_model_hparams *hp,
+                                en_err *err) {
+    EN_TRY(llama_config(root, path, hp, err));
+    EN_TRY(en_cfg_int(root, "sliding_window", path, 0, &hp->sliding_window, err));
+    if (hp->sliding_window < 0) hp->sliding_window = 0;
+    return EN_OK;
+}
+
+/* qwen2: q/k/v biases always, no o bias. */
+static en_status qwen2_config(json_t *root, const char *path, en_model_hparams *hp,
+                              en_err *err) {
+    hp->qkv_bias = 1;
+    int use_sw = 0;
+    EN_TRY(en_cfg_bool(root, "use_sliding_window", path, 0, &use_sw, err));
+    if (use_sw)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "%s: use_sliding_window=true is not supported for %s", path,
+                      hp->model_type);
+    return EN_OK;
+}
+
+/* The tensors of a Llama-style model, in checkpoint order. Column-parallel
+ * linears (q, k, v, gate, up) and their biases split by rows, row-parallel
+ * ones (o, down) by columns with their biases whole; norms whole; the
+ * embedding and output matrix are vocab-parallel. */
+static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w) {
+    const int64_t C = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t KVD = (int64_t)hp->n_kv_head * hp->head_dim;
+    const unsigned ND = EN_PARAM_NO_DECAY, KV = EN_PARAM_KV, VOC = EN_PARAM_VOCAB;
+    enum { R = EN_SPLIT_ROWS, K = EN_SPLIT_COLS, W = EN_SPLIT_NONE };
+#define S(p) (w ? &(p) : NULL)
+    en_layout_add(b, S(w->tok_embd), V, C, R, VOC, "model.embed_tokens.weight", 0);
+    for (int l = 0; l < hp->n_layer; l++) {
+        en_layer_w *lw = w ? &w->layers[l] : NULL;
+#define L(f) (lw ? &lw->f : NULL)
+        en_layout_add(b, L(attn_norm), C, 0, W, ND, "model.layers.%d.input_layernorm.weight", l);
+        en_layout_add(b, L(wq), QD, C, R, 0, "model.layers.%d.self_attn.q_proj.weight", l);
+        en_layout_add(b, L(wk), KVD, C, R, KV, "model.layers.%d.self_attn.k_proj.weight", l);
+        en_layout_add(b, L(wv), KVD, C, R, KV, "model.layers.%d.self_attn.v_proj.weight", l);
+        if (hp->qkv_bias) {
+            en_layout_add(b, L(bq), QD, 0, R, ND, "model.layers.%d.self_attn.q_proj.bias", l);
+            en_layout_add(b, L(bk), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.k_proj.bias",
+                          l);
+            en_layout_add(b, L(bv), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.v_proj.bias",
+                          l);
+        }
+        en_layout_add(b, L(wo), C, QD, K, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (hp->o_bias)
+            en_layout_add(b, L(bo), C, 0, W, ND, "model.layers.%d.self_attn.o_proj.bias", l);
+        en_layout_add(b, L(ffn_norm), C, 0, W, ND,
+                      "model.layers.%d.post_attention_layernorm.weight", l);
+        en_layout_add(b, L(w_gate), F, C, R, 0, "model.layers.%d.mlp.gate_proj.weight", l);
+        if (hp->mlp_bias)
+            en_layout_add(b, L(b_gate), F, 0, R, ND, "model.layers.%d.mlp.gate_proj.bias", l);
+        en_layout_add(b, L(w_up), F, C, R, 0, "model.layers.%d.mlp.up_proj.weight", l);
+        if (hp->mlp_bias)
+            en_layout_add(b, L(b_up), F, 0, R, ND, "model.layers.%d.mlp.up_proj.bias", l);
+        en_layout_add(b, L(w_down), C, F, K, 0, "model.layers.%d.mlp.down_proj.weight", l);
+        if (hp->mlp_bias)
+            en_layout_add(b, L(b_down), C, 0, W, ND, "model.layers.%d.mlp.down_proj.bias", l);
+#undef L
+    }
+    en_layout_add(b, S(w->out_norm), C, 0, W, ND, "model.norm.weight", 0);
+    if (!hp->tie_embeddings) en_layout_add(b, S(w->lm_head), V, C, R, VOC, "lm_head.weight", 0);
+#undef S
+}
+
+const en_family en_family_llama = {"llama", llama_config, llama_layout, en_llama_layer_fwd,
+                                   en_llama_layer_bwd};
+const en_family en_family_mistral = {"mistral", mistral_config, llama_layout,
+                                     en_llama_layer_fwd, en_llama_layer_bwd};
+const en_family en_family_qwen2 = {"qwen2", qwen2_config, llama_layout, en_llama_layer_fwd,
+                                   en_llama_layer_bwd};

@@ -1,0 +1,74 @@
+/*
+ * forward.c - the forward pass of a context over one chunk of tokens,
+ * shared by every family: embedding, the family's layers (its table
+ * entry's layer_fwd), then the final norm and output projection for the
+ * rows whose logits are wanted.
+ */
+#include <string.h>
+
+#include "family.h"
+
+en_layer_acts en_infer_acts(float *xn, float *q, float *att, float *gate, float *up, float *tmp,
+                            float *lora_u) {
+    en_layer_acts a = {0};
+    a.xn1 = a.xn2 = xn;
+    a.q = q;
+    a.att = att;
+    a.gate = gate;
+    a.up = up;
+    a.h = gate; /* in place */
+    a.tmp = tmp;
+    a.proj = xn; /* o/down outputs: their inputs are att and h, not xn */
+    a.lora_u = lora_u;
+    return a;
+}
+
+void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *host) {
+    en_model *m = c->m;
+    en_backend *be = m->be;
+    const en_model_hparams *hp = &m->hp, *hl = &m->hl;
+    const int C = hp->n_embd, KVD = hl->n_kv_head * hl->head_dim;
+    const int p0 = c->n_past;
+    const size_t layer_cache = (size_t)c->n_ctx * (size_t)KVD;
+
+    for (int t = 0; t < n; t++) c->pos[t] = p0 + t;
+    en_embed_fwd(m, c->x, ids, n, c->ids_local);
+    en_layer_acts a = en_infer_acts(c->xn, c->q, c->att, c->gate, c->up, c->tmp, c->lora_u);
+    for (int l = 0; l < hp->n_layer; l++)
+        m->fam->layer_fwd(m, l, c->x, n, 1, c->pos, c->k_cache + (size_t)l * layer_cache,
+                           c->v_cache + (size_t)l * layer_cache, p0, &a);
+    c->n_past = p0 + n;
+
+    if (!want) return;
+    /* Only the rows whose logits are wanted go through the final norm and
+     * the (V, C) projection, which dominates decode cost for small models. */
+    const float *rows = want == 2 ? c->x : c->x + (size_t)(n - 1) * C;
+    int nr = want == 2 ? n : 1;
+    en_op_rmsnorm(be, c->xn, rows, m->w.out_norm, hp->norm_eps, nr, C);
+    const int V = hp->n_vocab;
+    if (m->tp_size == 1) {
+        en_op_matmul(be, c->logits, c->xn, m->w.lm_head, NULL, nr, V, C);
+        if (host) en_backend_download(be, host, c->logits, (size_t)nr * V * sizeof(float));
+        return;
+    }
+    /* Vocab-parallel output: each rank computes its V/tp columns; the
+     * all-gather gives (rank, row, V/tp), put back in (row, V) order.
+     * Host buffers: tensor-parallel inference runs on the CPU backend
+     * (en_ctx_create refuses it on others). */
+    const int Vl = hl->n_vocab;
+    float *logits = c->logits;
+    en_op_matmul(be, c->lg_local, c->xn, m->w.lm_head, NULL, nr, Vl, C);
+    /* one row without padding is already in order */
+    float *all = nr == 1 && Vl * m->tp_size == V ? logits : c->lg_gather;
+    en_err err = {0};
+    if (en_comm_allgather(m->comm, EN_GROUP_TP, c->lg_local, all, (size_t)nr * Vl, &err) != EN_OK)
+        en_abort(__FILE__, __LINE__, err.msg);
+    if (all != logits)
+        for (int r = 0; r < m->tp_size; r++) {
+            int cols = V - r * Vl < Vl ? V - r * Vl : Vl; /* the padding is dropped */
+            for (int t = 0; t < nr && cols > 0; t++)
+                memcpy(logits + (size_t)t * V + (size_t)r * Vl, all + ((size_t)r * nr + t) * Vl,
+                       (size_t)cols * sizeof(float));
+        }
+    if (host) memcpy(host, logits, (size_t)nr * V * sizeof(float));
+}
