@@ -261,6 +261,8 @@ struct en_hf_tokenizer {
 
 /* hf_json.c: fill t from the JSON text (everything but the derived tables). */
 en_status hf_load(en_hf_tokenizer *t, const char *json, size_t len, en_err *err);
+/* hf_json.c: the same from a parsed document (borrowed, nothing kept). */
+en_status hf_load_json(en_hf_tokenizer *t, const json_t *root, en_err *err);
 /* hf_tokenizer.c: cut the added tokens of one set (0: raw, 1: normalized)
  * out of every text piece of w. */
 en_status hf_split_added(const en_hf_tokenizer *t, int set, hf_work *w);

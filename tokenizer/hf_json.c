@@ -635,11 +635,15 @@ static en_status load_parts(en_hf_tokenizer *t, ld *c, const json_t *root) {
     return EN_OK;
 }
 
-en_status hf_load(en_hf_tokenizer *t, const char *json, size_t len, en_err *err) {
+en_status hf_load_json(en_hf_tokenizer *t, const json_t *root, en_err *err) {
     ld c = {t->path, err};
+    return load_parts(t, &c, root);
+}
+
+en_status hf_load(en_hf_tokenizer *t, const char *json, size_t len, en_err *err) {
     json_t *root = NULL;
     EN_TRY(en_json_parse(json, len, t->path, &root, err));
-    en_status st = load_parts(t, &c, root);
+    en_status st = hf_load_json(t, root, err);
     json_decref(root);
     return st;
 }

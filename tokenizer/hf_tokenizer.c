@@ -127,11 +127,12 @@ static en_status derive(en_hf_tokenizer *t, en_err *err) {
     return EN_OK;
 }
 
-en_status en_hf_tokenizer_create(const char *json, size_t len, const char *path,
-                                 en_hf_tokenizer **out, en_err *err) {
+/* Create from the JSON text (json) or the parsed document (root). */
+static en_status create(const char *json, size_t len, const json_t *root, const char *path,
+                        en_hf_tokenizer **out, en_err *err) {
     *out = NULL;
     if (!path) path = "tokenizer.json";
-    if (!json) return EN_ERR(err, EN_ERR_ARG, "%s: no JSON text", path);
+    if (!json && !root) return EN_ERR(err, EN_ERR_ARG, "%s: no JSON text", path);
     en_hf_tokenizer *t = en_calloc(1, sizeof *t);
     if (!t) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
     t->path = en_strdup(path);
@@ -139,7 +140,7 @@ en_status en_hf_tokenizer_create(const char *json, size_t len, const char *path,
         en_free(t);
         return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
     }
-    en_status st = hf_load(t, json, len, err);
+    en_status st = root ? hf_load_json(t, root, err) : hf_load(t, json, len, err);
     if (st == EN_OK) st = derive(t, err);
     if (st != EN_OK) {
         en_hf_tokenizer_destroy(t);
@@ -147,6 +148,20 @@ en_status en_hf_tokenizer_create(const char *json, size_t len, const char *path,
     }
     *out = t;
     return EN_OK;
+}
+
+en_status en_hf_tokenizer_create(const char *json, size_t len, const char *path,
+                                 en_hf_tokenizer **out, en_err *err) {
+    return create(json, len, NULL, path, out, err);
+}
+
+en_status en_hf_tokenizer_create_json(const json_t *root, const char *path,
+                                      en_hf_tokenizer **out, en_err *err) {
+    if (!root) {
+        *out = NULL;
+        return EN_ERR(err, EN_ERR_ARG, "%s: no JSON document", path ? path : "tokenizer.json");
+    }
+    return create(NULL, 0, root, path, out, err);
 }
 
 void en_hf_tokenizer_destroy(en_hf_tokenizer *t) {

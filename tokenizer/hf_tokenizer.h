@@ -13,6 +13,7 @@
 #ifndef EN_HF_TOKENIZER_H
 #define EN_HF_TOKENIZER_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +29,10 @@ typedef struct en_hf_tokenizer en_hf_tokenizer;
  * bad regex; EN_ERR_NOMEM. *out is owned by the caller. */
 en_status en_hf_tokenizer_create(const char *json, size_t len, const char *path,
                                  en_hf_tokenizer **out, en_err *err);
+/* The same from a parsed tokenizer.json document (borrowed, nothing of it
+ * is kept): for tokenizers built in memory (tokenizer_gguf.h). */
+en_status en_hf_tokenizer_create_json(const json_t *root, const char *path,
+                                      en_hf_tokenizer **out, en_err *err);
 void en_hf_tokenizer_destroy(en_hf_tokenizer *t); /* NULL ok */
 
 /* 1 + the largest id among model.vocab and added_tokens. */
