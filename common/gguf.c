@@ -510,6 +510,18 @@ void en_gguf_close(en_gguf *g) {
 uint32_t en_gguf_version(const en_gguf *g) { return g->version; }
 size_t en_gguf_alignment(const en_gguf *g) { return g->alignment; }
 size_t en_gguf_data_offset(const en_gguf *g) { return g->data_offset; }
+int en_gguf_is_gguf_path(const char *path) {
+    if (!path || en_path_is_dir(path)) return 0;
+    size_t n = strlen(path);
+    if (n > 5 && strcmp(path + n - 5, ".gguf") == 0) return 1;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char magic[4];
+    int yes = fread(magic, 1, 4, f) == 4 && memcmp(magic, EN_GGUF_MAGIC, 4) == 0;
+    fclose(f);
+    return yes;
+}
+
 const char *en_gguf_name(const en_gguf *g) { return g->name; }
 int64_t en_gguf_n_kv(const en_gguf *g) { return g->n_kv; }
 int64_t en_gguf_n_tensors(const en_gguf *g) { return g->n_tensors; }

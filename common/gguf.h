@@ -123,6 +123,13 @@ en_status en_gguf_open(const char *path, en_gguf **g, en_err *err);
 en_status en_gguf_open_memory(const void *data, size_t len, const char *name, en_gguf **g,
                               en_err *err);
 
+/* 1 when `path` names a GGUF file: a path ending in ".gguf" (so that a
+ * damaged one reaches en_gguf_open and its precise error), or a file whose
+ * first four bytes are "GGUF" whatever its name; 0 for directories, other
+ * files and paths that cannot be opened. Reads at most 4 bytes. Used where a
+ * command takes either a model directory or a .gguf file (tokenizer.h). */
+int en_gguf_is_gguf_path(const char *path);
+
 /* Free everything and unmap. NULL is allowed. */
 void en_gguf_close(en_gguf *g);
 
