@@ -9,7 +9,7 @@
  *                           [--character-coverage F] [--no-byte-fallback]
  *   energon tokenizer encode --model PATH --text TEXT [--bos]
  *   energon tokenizer decode --model PATH --ids "1 2 3"
- *   energon tokenizer render --model DIR --messages FILE.json
+ *   energon tokenizer render --model DIR|FILE.gguf --messages FILE.json
  *                            [--add-generation-prompt] [--chat-template T]
  *
  * Exit codes: 0 success, 1 a failure while doing the work (unreadable model,
@@ -22,6 +22,7 @@
 #include "../tokenizer/chat.h"
 #include "../tokenizer/tokenizer.h"
 #include "../common/file.h"
+#include "../common/gguf.h"
 #include "../common/json.h"
 
 
@@ -58,7 +59,8 @@ static const char usage_text[] =
     "\n"
     "energon tokenizer encode --model PATH --text TEXT [--bos]\n"
     "  prints the ids separated by spaces. PATH is a model directory (its\n"
-    "  tokenizer.json, else tokenizer.model), a tokenizer.json or a .model file;\n"
+    "  tokenizer.json, else tokenizer.model), a tokenizer.json, a .model file\n"
+    "  or a .gguf file (the tokenizer in its metadata);\n"
     "  --bos adds the special tokens the model's own tokenizer adds (BOS for\n"
     "  Llama, nothing for Qwen or SmolLM2)\n"
     "\n"
@@ -69,7 +71,8 @@ static const char usage_text[] =
     "energon tokenizer render --model DIR --messages FILE.json\n"
     "                         [--add-generation-prompt] [--chat-template T]\n"
     "  prints the prompt DIR's chat template (chat_template.jinja or\n"
-    "  tokenizer_config.json; T: a FILE.jinja or plain|llama2|chatml instead)\n"
+    "  tokenizer_config.json; for a .gguf file its tokenizer.chat_template;\n"
+    "  T: a FILE.jinja or plain|llama2|chatml instead)\n"
     "  makes of the messages in FILE.json: an array of {\"role\", \"content\", ...},\n"
     "  or an object {\"messages\": [...], \"tools\": [...], ...} whose other keys\n"
     "  are template variables (e.g. \"enable_thinking\": false)\n";
@@ -394,8 +397,9 @@ static int cmd_render(const opts *o) {
     const char *cmd = "render";
     if (!o->model) return usage_error(cmd, "missing %s", "--model DIR");
     if (!o->messages) return usage_error(cmd, "missing %s", "--messages FILE.json");
-    if (!en_path_is_dir(o->model))
-        return usage_error(cmd, "--model: '%s' is not a model directory", o->model);
+    if (!en_path_is_dir(o->model) && !en_gguf_is_gguf_path(o->model))
+        return usage_error(cmd, "--model: '%s' is not a model directory or a .gguf file",
+                           o->model);
     json_t *msgs, *extra;
     if (read_messages(o->messages, &msgs, &extra)) return 1;
     en_tokenizer *tok = NULL;

@@ -154,12 +154,15 @@ typedef struct en_chat_template en_chat_template;
 /* The template a model directory ships: `override_path` (a .jinja file)
  * when not NULL, else DIR/chat_template.jinja, else tokenizer_config.json's
  * "chat_template" (a string, or a list of {name, template} of which the one
- * named "default" is used). tok (borrowed for the call) supplies bos_token
- * and eos_token. When the model has none, *out is the built-in `fallback`
- * template. Errors (EN_ERR_FORMAT / EN_ERR_IO): a template that does not
- * parse ("FILE:LINE:COL: ..."), an unreadable override, an invalid
- * tokenizer_config.json. On success *out is owned by the caller. The object
- * is immutable; rendering is thread-safe. */
+ * named "default" is used). model_dir may also be a GGUF file (see
+ * en_tokenizer_load): then its tokenizer.chat_template key is the template,
+ * described as "FILE.gguf (tokenizer.chat_template)". tok (borrowed for the
+ * call) supplies bos_token and eos_token. When the model has none, *out is
+ * the built-in `fallback` template. Errors (EN_ERR_FORMAT / EN_ERR_IO): a
+ * template that does not parse ("FILE:LINE:COL: ..."), an unreadable
+ * override, an invalid tokenizer_config.json, a damaged GGUF or a
+ * tokenizer.chat_template that is not a string. On success *out is owned by
+ * the caller. The object is immutable; rendering is thread-safe. */
 en_status en_chat_template_load(const char *model_dir, const char *override_path,
                                 const en_tokenizer *tok, en_chat_template_id fallback,
                                 en_chat_template **out, en_err *err);

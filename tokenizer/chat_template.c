@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "../common/file.h"
+#include "../common/gguf.h"
 #include "../common/json.h"
 #include "chat_impl.h"
 #include "jinja.h"
@@ -425,6 +426,27 @@ static en_status from_file(const char *path, const en_tokenizer *tok, en_chat_te
     return s;
 }
 
+/* The template of a .gguf file: its tokenizer.chat_template key, else the
+ * built-in fallback. */
+static en_status from_gguf(const char *path, const en_tokenizer *tok,
+                           en_chat_template_id fallback, en_chat_template **out, en_err *err) {
+    en_gguf *g = NULL;
+    EN_TRY(en_gguf_open(path, &g, err));
+    en_status s;
+    if (en_gguf_find_kv(g, "tokenizer.chat_template") >= 0) {
+        const char *src;
+        size_t len;
+        s = en_gguf_get_str(g, "tokenizer.chat_template", &src, &len, err);
+        char name[4096];
+        snprintf(name, sizeof name, "%s (tokenizer.chat_template)", path);
+        if (s == EN_OK) s = en_chat_template_from_jinja(src, len, name, tok, out, err);
+    } else {
+        s = en_chat_template_builtin(fallback, out, err);
+    }
+    en_gguf_close(g);
+    return s;
+}
+
 /* tokenizer_config.json's "chat_template": a string, or a list of
  * {name, template} from which transformers uses "default". */
 static const char *config_template(const json_t *root) {
@@ -446,6 +468,7 @@ en_status en_chat_template_load(const char *model_dir, const char *override_path
     if (!out) return EN_ERR(err, EN_ERR_ARG, "en_chat_template_load: out is NULL");
     *out = NULL;
     if (override_path) return from_file(override_path, tok, out, err);
+    if (en_gguf_is_gguf_path(model_dir)) return from_gguf(model_dir, tok, fallback, out, err);
     char *path = en_path_join(model_dir, "chat_template.jinja");
     if (!path) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (en_path_exists(path)) {

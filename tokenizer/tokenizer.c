@@ -12,10 +12,14 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include <stdio.h>
+
 #include "../common/file.h"
+#include "../common/gguf.h"
 #include "../common/json.h"
 #include "../common/utf8.h"
 #include "hf_tokenizer.h"
+#include "tokenizer_gguf.h"
 #include "tokenizer_impl.h"
 
 struct en_tokenizer {
@@ -61,29 +65,31 @@ static int flag(const json_t *root, const char *key) {
     return v ? json_is_true(v) : -1;
 }
 
-static en_status read_config(const char *dir, tok_config *c, en_err *err) {
+static void config_init(tok_config *c) {
     memset(c, 0, sizeof *c);
     c->add_bos = c->add_eos = -1;
-    char *path = en_path_join(dir, "tokenizer_config.json");
-    if (!path) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-    if (!en_path_exists(path)) {
-        en_free(path);
-        return EN_OK;
-    }
+}
+
+/* Fill c from a tokenizer_config.json document; `where` names it. */
+static en_status parse_config(const json_t *root, const char *where, tok_config *c,
+                              en_err *err) {
+    if (!json_is_object(root))
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: the top level is not a JSON object", where);
+    c->bos = token_text(json_object_get(root, "bos_token"));
+    c->eos = token_text(json_object_get(root, "eos_token"));
+    c->pad = token_text(json_object_get(root, "pad_token"));
+    c->unk = token_text(json_object_get(root, "unk_token"));
+    c->add_bos = flag(root, "add_bos_token");
+    c->add_eos = flag(root, "add_eos_token");
+    return EN_OK;
+}
+
+static en_status read_config(const char *path, tok_config *c, en_err *err) {
+    if (!en_path_exists(path)) return EN_OK;
     json_t *root = NULL;
     en_status s = en_json_load_file(path, &root, err);
-    if (s == EN_OK && !json_is_object(root))
-        s = EN_ERR(err, EN_ERR_FORMAT, "%s: the top level is not a JSON object", path);
-    if (s == EN_OK) {
-        c->bos = token_text(json_object_get(root, "bos_token"));
-        c->eos = token_text(json_object_get(root, "eos_token"));
-        c->pad = token_text(json_object_get(root, "pad_token"));
-        c->unk = token_text(json_object_get(root, "unk_token"));
-        c->add_bos = flag(root, "add_bos_token");
-        c->add_eos = flag(root, "add_eos_token");
-    }
+    if (s == EN_OK) s = parse_config(root, path, c, err);
     json_decref(root);
-    en_free(path);
     return s;
 }
 
@@ -95,15 +101,15 @@ static int32_t piece_id(const en_tokenizer *t, const char *text) {
                  : en_spm_piece_id(t->spm, text);
 }
 
-/* The id of a configured token, which must exist in the vocabulary. */
+/* The id of a configured token, which must exist in the vocabulary; `where`
+ * names the config. */
 static en_status config_id(en_tokenizer *t, const char *key, const char *text, int32_t *id,
-                           const char *dir, en_err *err) {
+                           const char *where, en_err *err) {
     if (!text) return EN_OK;
     int32_t v = piece_id(t, text);
     if (v < 0)
-        return EN_ERR(err, EN_ERR_FORMAT,
-                      "%s/tokenizer_config.json: %s \"%s\" is not a token of %s", dir, key, text,
-                      t->path);
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: %s \"%s\" is not a token of %s", where, key,
+                      text, t->path);
     *id = v;
     return EN_OK;
 }
@@ -139,25 +145,30 @@ static void add_stop_id(en_tokenizer *t, int64_t id) {
     if (t->n_stop_ids < EN_TOKENIZER_MAX_STOP_IDS) t->stop_ids[t->n_stop_ids++] = (int32_t)id;
 }
 
-/* eos_token_id of DIR/NAME (an integer or a list of them), when the file
- * exists: generation_config.json is where transformers' generate() reads
- * the ids that end an answer (Llama 3: [128001, 128008, 128009]). */
-static en_status read_stop_ids(en_tokenizer *t, const char *dir, const char *name, en_err *err) {
-    char *path = en_path_join(dir, name);
-    if (!path) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-    json_t *root = NULL;
-    en_status s = en_path_exists(path) ? en_json_load_file(path, &root, err) : EN_OK;
+/* The eos_token_id of a generation_config.json / config.json document (an
+ * integer or a list of them): where transformers' generate() reads the ids
+ * that end an answer (Llama 3: [128001, 128008, 128009]). */
+static void add_stop_ids(en_tokenizer *t, const json_t *root) {
     const json_t *v = json_object_get(root, "eos_token_id");
     int64_t id;
-    if (s == EN_OK && json_is_array(v)) {
+    if (json_is_array(v)) {
         size_t i;
         const json_t *it;
         json_array_foreach(v, i, it) {
             if (en_json_int(it, &id)) add_stop_id(t, id);
         }
-    } else if (s == EN_OK && en_json_int(v, &id)) {
+    } else if (en_json_int(v, &id)) {
         add_stop_id(t, id);
     }
+}
+
+/* add_stop_ids of DIR/NAME when the file exists. */
+static en_status read_stop_ids(en_tokenizer *t, const char *dir, const char *name, en_err *err) {
+    char *path = en_path_join(dir, name);
+    if (!path) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    json_t *root = NULL;
+    en_status s = en_path_exists(path) ? en_json_load_file(path, &root, err) : EN_OK;
+    if (s == EN_OK) add_stop_ids(t, root);
     json_decref(root);
     en_free(path);
     return s;
@@ -181,8 +192,11 @@ static int probe_strips_space(const en_tokenizer *t) {
     return yes;
 }
 
-/* Special ids, their text and what add_special adds, once the file is in. */
-static en_status finish_load(en_tokenizer *t, const char *dir, const tok_config *c, en_err *err) {
+/* Special ids and their text once the file is in (`where` names the
+ * config c came from); the caller adds the stop ids of its
+ * generation_config and then add_special_ids. */
+static en_status finish_load(en_tokenizer *t, const char *where, const tok_config *c,
+                             en_err *err) {
     if (t->hf) {
         t->n_vocab = en_hf_tokenizer_n_vocab(t->hf);
         t->unk = en_hf_tokenizer_unk(t->hf);
@@ -201,18 +215,16 @@ static en_status finish_load(en_tokenizer *t, const char *dir, const tok_config 
         t->unk = en_spm_unk(t->spm);
         t->pad = en_spm_pad(t->spm);
     }
-    EN_TRY(config_id(t, "bos_token", c->bos, &t->bos, dir, err));
-    EN_TRY(config_id(t, "eos_token", c->eos, &t->eos, dir, err));
-    EN_TRY(config_id(t, "pad_token", c->pad, &t->pad, dir, err));
-    EN_TRY(config_id(t, "unk_token", c->unk, &t->unk, dir, err));
+    EN_TRY(config_id(t, "bos_token", c->bos, &t->bos, where, err));
+    EN_TRY(config_id(t, "eos_token", c->eos, &t->eos, where, err));
+    EN_TRY(config_id(t, "pad_token", c->pad, &t->pad, where, err));
+    EN_TRY(config_id(t, "unk_token", c->unk, &t->unk, where, err));
     t->bos_text = dup_text(c->bos ? c->bos : en_tokenizer_piece(t, t->bos));
     t->eos_text = dup_text(c->eos ? c->eos : en_tokenizer_piece(t, t->eos));
     if (!t->bos_text || !t->eos_text) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     add_stop_id(t, t->eos);
     t->strips_space = probe_strips_space(t);
-    EN_TRY(read_stop_ids(t, dir, "generation_config.json", err));
-    EN_TRY(read_stop_ids(t, dir, "config.json", err));
-    return add_special_ids(t, c);
+    return EN_OK;
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -243,6 +255,41 @@ static en_status load_file(en_tokenizer *t, const char *path, en_err *err) {
     return s;
 }
 
+/* A tokenizer file with its directory's tokenizer_config.json,
+ * generation_config.json and config.json. */
+static en_status load_from_dir(en_tokenizer *t, const char *model_path, tok_config *c,
+                               en_err *err) {
+    char *dir = dir_of(model_path);
+    char *cfg = dir ? en_path_join(dir, "tokenizer_config.json") : NULL;
+    en_status s = cfg ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK) s = load_file(t, model_path, err);
+    if (s == EN_OK) s = read_config(cfg, c, err);
+    if (s == EN_OK) s = finish_load(t, cfg, c, err);
+    if (s == EN_OK) s = read_stop_ids(t, dir, "generation_config.json", err);
+    if (s == EN_OK) s = read_stop_ids(t, dir, "config.json", err);
+    en_free(cfg);
+    en_free(dir);
+    return s;
+}
+
+/* A .gguf file: everything from its tokenizer.ggml.* metadata, built in
+ * memory (tokenizer_gguf.h); files beside it are not read. */
+static en_status load_gguf(en_tokenizer *t, const char *path, tok_config *c, en_err *err) {
+    en_gguf *g = NULL;
+    en_tokenizer_gguf tg = {0};
+    char where[1024];
+    snprintf(where, sizeof where, "%s (tokenizer.ggml.* metadata)", path);
+    en_status s = en_gguf_open(path, &g, err);
+    if (s == EN_OK) s = en_tokenizer_gguf_init(&tg, g, err);
+    en_gguf_close(g); /* tg keeps nothing of it */
+    if (s == EN_OK) s = en_hf_tokenizer_create_json(tg.tokenizer, path, &t->hf, err);
+    if (s == EN_OK) s = parse_config(tg.tokenizer_config, where, c, err);
+    if (s == EN_OK) s = finish_load(t, where, c, err);
+    if (s == EN_OK) add_stop_ids(t, tg.generation_config);
+    en_tokenizer_gguf_deinit(&tg);
+    return s;
+}
+
 en_status en_tokenizer_create(const char *model_path, en_tokenizer **out, en_err *err) {
     if (!out) return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_create: out is NULL");
     *out = NULL;
@@ -250,16 +297,15 @@ en_status en_tokenizer_create(const char *model_path, en_tokenizer **out, en_err
         return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_create: empty model path");
     if (en_path_is_dir(model_path)) return en_tokenizer_load(model_path, out, err);
     en_tokenizer *t = en_calloc(1, sizeof *t);
-    char *dir = dir_of(model_path);
     tok_config c;
-    memset(&c, 0, sizeof c);
-    en_status s = t && dir ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    config_init(&c);
+    en_status s = t ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (s == EN_OK) s = (t->path = en_strdup(model_path)) ? EN_OK : EN_ERR_NOMEM;
-    if (s == EN_OK) s = load_file(t, model_path, err);
-    if (s == EN_OK) s = read_config(dir, &c, err);
-    if (s == EN_OK) s = finish_load(t, dir, &c, err);
+    if (s == EN_OK)
+        s = en_gguf_is_gguf_path(model_path) ? load_gguf(t, model_path, &c, err)
+                                             : load_from_dir(t, model_path, &c, err);
+    if (s == EN_OK) s = add_special_ids(t, &c);
     tok_config_free(&c);
-    en_free(dir);
     if (s != EN_OK) {
         if (s == EN_ERR_NOMEM && err && !err->msg[0]) EN_ERR(err, s, "out of memory");
         en_tokenizer_destroy(t);
@@ -273,6 +319,7 @@ en_status en_tokenizer_load(const char *dir, en_tokenizer **out, en_err *err) {
     if (!out) return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_load: out is NULL");
     *out = NULL;
     if (!dir || !*dir) return EN_ERR(err, EN_ERR_ARG, "en_tokenizer_load: empty directory");
+    if (en_gguf_is_gguf_path(dir)) return en_tokenizer_create(dir, out, err);
     const char *names[] = {"tokenizer.json", "tokenizer.model"};
     for (int i = 0; i < 2; i++) {
         char *p = en_path_join(dir, names[i]);

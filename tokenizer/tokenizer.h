@@ -27,15 +27,22 @@ typedef struct en_tokenizer en_tokenizer;
  * else DIR/tokenizer.model. DIR/tokenizer_config.json, when present, names
  * the bos/eos/pad/unk tokens (their text is what chat templates print) and
  * add_bos_token/add_eos_token; huge integers in it (model_max_length) are
- * read, not refused. On failure *out is NULL and err names the file and the
- * field ("DIR has neither tokenizer.json nor tokenizer.model" when both are
- * missing). The returned object is immutable: encode/decode may be called
- * from several threads at once. */
+ * read, not refused. `dir` may also be a GGUF file (en_gguf_is_gguf_path:
+ * its name ends in ".gguf" or it starts with "GGUF"): then the tokenizer is
+ * built in memory from its tokenizer.ggml.* metadata exactly as `energon
+ * convert gguf` writes it (tokenizer_gguf.h), and no file beside it is
+ * read; en_tokenizer_file is the .gguf path. On failure *out is NULL and
+ * err names the file and the field ("DIR: no tokenizer.json or
+ * tokenizer.model in the directory" when both are missing; "FILE.gguf: no
+ * tokenizer in the metadata (tokenizer.ggml.model missing)"). The returned
+ * object is immutable: encode/decode may be called from several threads at
+ * once. */
 en_status en_tokenizer_load(const char *dir, en_tokenizer **out, en_err *err);
 
-/* Load one file: a path ending in ".json" is read as a Hugging Face
- * tokenizer.json, anything else as a SentencePiece model; a directory is
- * en_tokenizer_load. The file's directory supplies tokenizer_config.json as
+/* Load one file: a GGUF file as en_tokenizer_load says; a path ending in
+ * ".json" is read as a Hugging Face tokenizer.json, anything else as a
+ * SentencePiece model; a directory is en_tokenizer_load. For a .json or
+ * SentencePiece file the file's directory supplies tokenizer_config.json as
  * above. Errors and thread-safety as en_tokenizer_load. */
 en_status en_tokenizer_create(const char *model_path, en_tokenizer **out, en_err *err);
 void en_tokenizer_destroy(en_tokenizer *tok); /* NULL is a no-op */
@@ -63,7 +70,8 @@ int en_tokenizer_adds_bos(const en_tokenizer *tok);
 int en_tokenizer_decode_strips_space(const en_tokenizer *tok);
 /* The ids that end generation: eos, and every eos_token_id of
  * generation_config.json and config.json beside the tokenizer (an integer
- * or a list), duplicates and ids outside the vocabulary dropped; at most
+ * or a list; for a GGUF file: tokenizer.ggml.eot_token_id and
+ * eom_token_id), duplicates and ids outside the vocabulary dropped; at most
  * EN_TOKENIZER_MAX_STOP_IDS. Returns the count; *ids is borrowed. */
 #define EN_TOKENIZER_MAX_STOP_IDS 16
 int en_tokenizer_stop_ids(const en_tokenizer *tok, const int32_t **ids);
