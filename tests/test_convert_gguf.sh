@@ -4,8 +4,10 @@
 # Hugging Face directory transformers made of the same file:
 #   - every tensor bit-identical (python3's standard library reads both
 #     safetensors files; this check is skipped without python3);
-#   - `energon tokenizer encode` the same ids on both directories, `render`
-#     the same prompt, and greedy `generate --chat` the fixture's ids
+#   - `energon tokenizer encode` the same ids on both directories and on the
+#     .gguf itself (--model FILE.gguf: the tokenizer built in memory from its
+#     metadata), `render` the same prompt (the .gguf's tokenizer.chat_template
+#     too), and greedy `generate --chat` the fixture's ids
 #     (tests/fixtures/chat/smollm2_greedy.json case 0);
 #   - stories260K.gguf (SentencePiece-style vocabulary): greedy generate and
 #     encode equal to the llama2c conversion of the same model;
@@ -74,7 +76,9 @@ for text in "Hello world" $'  The quick brown fox, isn\'t it?\n123 4567 ünïcö
             $'<|im_start|>user\nhi<|im_end|>' $'def f(x):\n\treturn x**2  # ok\n\n'; do
     a=$("$ENERGON" tokenizer encode --model "$O" --text "$text" --bos 2>&1)
     b=$("$ENERGON" tokenizer encode --model "$M" --text "$text" --bos 2>&1)
+    c=$("$ENERGON" tokenizer encode --model "$G" --text "$text" --bos 2>&1)
     [ -n "$a" ] && [ "$a" = "$b" ] && ok "encode '$text' ($a)" || bad "encode '$text': '$a' vs '$b'"
+    [ "$c" = "$b" ] && ok "encode --model FILE.gguf '$text'" || bad "encode --model FILE.gguf '$text': '$c' vs '$b'"
 done
 cat >"$T/msgs.json" <<'JEOF'
 [{"role": "system", "content": "You are terse."},
@@ -85,6 +89,13 @@ JEOF
 "$ENERGON" tokenizer render --model "$O" --messages "$T/msgs.json" --add-generation-prompt >"$T/r1.txt" 2>&1
 "$ENERGON" tokenizer render --model "$M" --messages "$T/msgs.json" --add-generation-prompt >"$T/r2.txt" 2>&1
 [ -s "$T/r1.txt" ] && cmp -s "$T/r1.txt" "$T/r2.txt" && ok "render" || { bad "render"; diff "$T/r1.txt" "$T/r2.txt" | head; }
+"$ENERGON" tokenizer render --model "$G" --messages "$T/msgs.json" --add-generation-prompt >"$T/r3.txt" 2>&1
+cmp -s "$T/r3.txt" "$T/r2.txt" && ok "render --model FILE.gguf" || { bad "render --model FILE.gguf"; diff "$T/r3.txt" "$T/r2.txt" | head; }
+FX=$(abspath "${2:-tests/fixtures}")
+"$ENERGON" tokenizer encode --model "$FX/gguf/all_types.gguf" --text hi >"$T/e.out" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "all_types.gguf: no tokenizer in the metadata (tokenizer.ggml.model missing)" "$T/e.out" \
+    && ok "GGUF without a tokenizer: $(cat "$T/e.out")" || bad "GGUF without a tokenizer (rc $rc): $(cat "$T/e.out")"
 
 # ---- greedy generation = transformers' (fixture case 0)
 "$ENERGON" generate --model "$O" --chat --prompt "What is the capital of France?" --temperature 0 \
@@ -125,7 +136,9 @@ if [ -f "$SD/stories260K.gguf" ] && [ -f "$SD/stories260K.bin" ] && [ -f "$SD/to
     for text in "Once upon a time, there was a little girl." $'She said: "No!"\nThe end. 123' "ünï 日本"; do
         a=$("$ENERGON" tokenizer encode --model "$T/s1" --text "$text" --bos 2>&1)
         b=$("$ENERGON" tokenizer encode --model "$T/s2" --text "$text" --bos 2>&1)
+        c=$("$ENERGON" tokenizer encode --model "$SD/stories260K.gguf" --text "$text" --bos 2>&1)
         [ -n "$a" ] && [ "$a" = "$b" ] && ok "stories260K encode '$text' ($a)" || bad "stories260K encode '$text': '$a' vs '$b'"
+        [ "$c" = "$b" ] && ok "stories260K encode --model FILE.gguf" || bad "stories260K encode --model FILE.gguf '$text': '$c' vs '$b'"
     done
 else
     echo "skip stories260K: not in $SD"
