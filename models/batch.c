@@ -267,8 +267,9 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
             en_backend_copy(be, b->xsel + (size_t)nr++ * C,
                             b->x + (size_t)(b->tok_off[s + 1] - 1) * C, (size_t)C * sizeof(float));
     if (!nr) return EN_OK;
-    en_op_rmsnorm(be, b->xsel, b->xsel, m->w.out_norm, hp->norm_eps, nr, C);
-    en_op_matmul(be, b->lg, b->xsel, m->w.lm_head, NULL, nr, V, C);
+    en_op_rmsnorm(be, b->xsel, b->xsel, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, nr,
+                  C);
+    en_logits_fwd(m, b->lg, b->xsel, nr, V);
     nr = 0;
     for (int s = 0; s < n_seqs; s++) /* to the caller's host rows */
         if (seqs[s].logits)

@@ -60,6 +60,30 @@ en_status en_cfg_bool(json_t *root, const char *key, const char *path, int def, 
     return EN_OK;
 }
 
+en_status en_cfg_layer_types(json_t *root, const char *path, en_model_hparams *hp, int *present,
+                             en_err *err) {
+    json_t *lt = json_object_get(root, "layer_types");
+    *present = 0;
+    if (!lt || json_is_null(lt)) return EN_OK;
+    if (!json_is_array(lt) || (int)json_array_size(lt) != hp->n_layer)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: 'layer_types' must list one kind per layer (%d)",
+                      path, hp->n_layer);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const char *k = json_string_value(json_array_get(lt, (size_t)l));
+        if (k && strcmp(k, "sliding_attention") == 0)
+            hp->layer_swa[l] = 1;
+        else if (k && strcmp(k, "full_attention") == 0)
+            hp->layer_swa[l] = 0;
+        else
+            return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                          "%s: layer_types[%d] must be \"full_attention\" or "
+                          "\"sliding_attention\"",
+                          path, l);
+    }
+    *present = 1;
+    return EN_OK;
+}
+
 static en_status parse(json_t *root, const char *path, en_model_hparams *hp, en_err *err) {
     if (!json_is_object(root)) return EN_ERR(err, EN_ERR_FORMAT, "%s: not a JSON object", path);
     json_t *mt = json_object_get(root, "model_type");
@@ -73,6 +97,9 @@ static en_status parse(json_t *root, const char *path, en_model_hparams *hp, en_
     EN_TRY(get_pos_int(root, "vocab_size", path, &hp->n_vocab, err));
     EN_TRY(get_pos_int(root, "hidden_size", path, &hp->n_embd, err));
     EN_TRY(get_pos_int(root, "num_hidden_layers", path, &hp->n_layer, err));
+    if (hp->n_layer > EN_MAX_LAYERS)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: num_hidden_layers %d exceeds %d", path,
+                      hp->n_layer, EN_MAX_LAYERS);
     EN_TRY(get_pos_int(root, "num_attention_heads", path, &hp->n_head, err));
     EN_TRY(get_pos_int(root, "intermediate_size", path, &hp->n_ff, err));
     EN_TRY(en_cfg_int(root, "num_key_value_heads", path, hp->n_head, &hp->n_kv_head, err));
@@ -96,38 +123,13 @@ static en_status parse(json_t *root, const char *path, en_model_hparams *hp, en_
         return EN_ERR(err, EN_ERR_FORMAT,
                       "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                       path, hp->n_head, hp->n_kv_head);
-    /* transformers >= 5 writes "rope_parameters": {"rope_theta", "rope_type"}
-     * instead of the top-level rope_theta / rope_scaling; read either. */
-    double theta, eps;
-    json_t *rp = json_object_get(root, "rope_parameters");
-    if (rp && !json_is_null(rp) && !json_is_object(rp))
-        return EN_ERR(err, EN_ERR_FORMAT, "%s: field 'rope_parameters' must be an object", path);
-    if (json_is_object(rp) && json_object_get(rp, "rope_theta"))
-        EN_TRY(en_cfg_num(rp, "rope_theta", path, 10000.0, &theta, err));
-    else
-        EN_TRY(en_cfg_num(root, "rope_theta", path, 10000.0, &theta, err));
+    double eps;
     EN_TRY(en_cfg_num(root, "rms_norm_eps", path, 1e-6, &eps, err));
-    if (!(theta > 0) || !(eps > 0) || eps > 1)
-        return EN_ERR(err, EN_ERR_FORMAT, "%s: rope_theta and rms_norm_eps must be positive",
-                      path);
-    hp->rope_theta = (float)theta;
+    if (!(eps > 0) || eps > 1)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: rms_norm_eps must be in (0, 1]", path);
     hp->norm_eps = (float)eps;
+    EN_TRY(en_rope_parse(root, path, hp, err));
     EN_TRY(en_cfg_bool(root, "tie_word_embeddings", path, 0, &hp->tie_embeddings, err));
-    json_t *rs = json_object_get(root, "rope_scaling");
-    if (!rs || json_is_null(rs)) rs = json_is_object(rp) ? rp : NULL;
-    if (rs && !json_is_null(rs)) {
-        json_t *t = json_object_get(rs, "rope_type");
-        if (!t) t = json_object_get(rs, "type");
-        const char *tn = json_is_string(t) ? json_string_value(t) : "default";
-        if (strcmp(tn, "default") != 0)
-            return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                          "%s: rope_scaling type '%s' is not supported yet", path, tn);
-    }
-    json_t *act = json_object_get(root, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
-        return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                      "%s: hidden_act must be \"silu\" for the %s family", path,
-                      hp->model_type);
     EN_TRY(en_cfg_int(root, "bos_token_id", path, -1, &hp->bos_id, err));
     EN_TRY(en_cfg_int(root, "eos_token_id", path, -1, &hp->eos_id, err));
     return fam->config(root, path, hp, err);

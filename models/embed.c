@@ -20,7 +20,7 @@ int en_embed_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *id
     return outside;
 }
 
-void en_embed_fwd(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local) {
+static void lookup(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local) {
     const int C = m->hp.n_embd;
     if (m->tp_size == 1) {
         en_op_embedding(m->be, x, m->w.tok_embd, ids, n, C);
@@ -39,10 +39,17 @@ void en_embed_fwd(const en_model *m, float *x, const int32_t *ids, int n, int32_
     en_model_tp_allreduce(m, x, (size_t)n * C);
 }
 
-void en_embed_bwd(const en_model *m, float *dtable, const float *dx, const int32_t *ids, int n,
+void en_embed_fwd(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local) {
+    lookup(m, x, ids, n, ids_local);
+    /* Gemma scales the embedding by sqrt(hidden_size) */
+    if (m->hp.embed_scale) en_op_scale(m->be, x, m->hp.embed_scale, (size_t)n * m->hp.n_embd);
+}
+
+void en_embed_bwd(const en_model *m, float *dtable, float *dx, const int32_t *ids, int n,
                   int32_t *ids_local, float *scratch) {
     const int C = m->hp.n_embd;
     if (!dtable) return;
+    if (m->hp.embed_scale) en_op_scale(m->be, dx, m->hp.embed_scale, (size_t)n * C);
     if (m->tp_size == 1) {
         en_op_embedding_bwd(m->be, dtable, dx, ids, n, C);
         return;

@@ -11,6 +11,9 @@ static const en_family *const k_families[] = {
     &en_family_llama,
     &en_family_mistral,
     &en_family_qwen2,
+    &en_family_qwen3,
+    &en_family_gemma2,
+    &en_family_gemma3,
 };
 #define N_FAMILIES (sizeof k_families / sizeof k_families[0])
 

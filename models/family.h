@@ -59,12 +59,24 @@ en_status en_cfg_num(json_t *root, const char *key, const char *path, double def
 en_status en_cfg_bool(json_t *root, const char *key, const char *path, int def, int *out,
                       en_err *err);
 
+/* layer_types (["full_attention" | "sliding_attention", ...], one per
+ * layer) into hp->layer_swa; *present = 0 when the field is absent. */
+en_status en_cfg_layer_types(json_t *root, const char *path, en_model_hparams *hp, int *present,
+                             en_err *err);
+
+/* Read the RoPE fields (rope_theta, partial_rotary_factor,
+ * rope_parameters - flat or per layer type - or rope_scaling) into
+ * hp->rope (and hp->rope_local); head_dim and max_pos must be set. An
+ * unknown type is EN_ERR_UNSUPPORTED naming it (rope.c). */
+en_status en_rope_parse(json_t *root, const char *path, en_model_hparams *hp, en_err *err);
+
 /* The entry for a model_type, or NULL. */
 const en_family *en_family_find(const char *model_type);
 /* "llama, mistral, ..." for messages. */
 const char *en_family_names(void);
 
 /* The families' entries (family_*.c). */
-extern const en_family en_family_llama, en_family_mistral, en_family_qwen2;
+extern const en_family en_family_llama, en_family_mistral, en_family_qwen2, en_family_qwen3,
+    en_family_gemma2, en_family_gemma3;
 
 #endif /* EN_FAMILY_H */

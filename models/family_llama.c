@@ -1,14 +1,20 @@
 /*
  * family_llama.c - the family entries built on the Llama decoder layer
- * (layers_llama.c): llama, mistral, qwen2. Each is its config.json fields
+ * (layers_llama.c): llama, mistral, qwen2, qwen3. Each is its config.json fields
  * and its tensor layout; the layer code is shared.
  */
+#include <string.h>
+
 #include "family.h"
 
 /* llama: attention_bias puts biases on q, k, v and o; mlp_bias on gate,
  * up and down. */
 static en_status llama_config(json_t *root, const char *path, en_model_hparams *hp,
                               en_err *err) {
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\" for the %s family",
+                      path, hp->model_type);
     int attention_bias = 0;
     EN_TRY(en_cfg_bool(root, "attention_bias", path, 0, &attention_bias, err));
     EN_TRY(en_cfg_bool(root, "mlp_bias", path, 0, &hp->mlp_bias, err));
@@ -22,20 +28,43 @@ static en_status mistral_config(json_t *root, const char *path, en_model_hparams
     EN_TRY(llama_config(root, path, hp, err));
     EN_TRY(en_cfg_int(root, "sliding_window", path, 0, &hp->sliding_window, err));
     if (hp->sliding_window < 0) hp->sliding_window = 0;
+    for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = 1;
+    return EN_OK;
+}
+
+/* Qwen2/3 sliding windows: with use_sliding_window, layers from
+ * max_window_layers on use sliding_window, unless layer_types lists each
+ * layer's kind (what transformers >= 4.53 writes). */
+static en_status qwen_window(json_t *root, const char *path, en_model_hparams *hp, en_err *err) {
+    int use_sw = 0, from = 0, have;
+    EN_TRY(en_cfg_bool(root, "use_sliding_window", path, 0, &use_sw, err));
+    hp->sliding_window = 0;
+    if (!use_sw) return EN_OK;
+    EN_TRY(en_cfg_int(root, "sliding_window", path, 4096, &hp->sliding_window, err));
+    EN_TRY(en_cfg_int(root, "max_window_layers", path, 28, &from, err));
+    if (hp->sliding_window < 0) hp->sliding_window = 0;
+    EN_TRY(en_cfg_layer_types(root, path, hp, &have, err));
+    if (!have)
+        for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = l >= from;
     return EN_OK;
 }
 
 /* qwen2: q/k/v biases always, no o bias. */
 static en_status qwen2_config(json_t *root, const char *path, en_model_hparams *hp,
                               en_err *err) {
+    EN_TRY(llama_config(root, path, hp, err));
     hp->qkv_bias = 1;
-    int use_sw = 0;
-    EN_TRY(en_cfg_bool(root, "use_sliding_window", path, 0, &use_sw, err));
-    if (use_sw)
-        return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                      "%s: use_sliding_window=true is not supported for %s", path,
-                      hp->model_type);
-    return EN_OK;
+    hp->o_bias = 0;
+    return qwen_window(root, path, hp, err);
+}
+
+/* qwen3: RMSNorm of every query and key head (q_norm, k_norm over
+ * head_dim) before RoPE; attention_bias as llama. */
+static en_status qwen3_config(json_t *root, const char *path, en_model_hparams *hp,
+                              en_err *err) {
+    EN_TRY(llama_config(root, path, hp, err));
+    hp->qk_norm = 1;
+    return qwen_window(root, path, hp, err);
 }
 
 /* The tensors of a Llama-style model, in checkpoint order. Column-parallel
@@ -47,13 +76,15 @@ static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
     const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
     const int64_t KVD = (int64_t)hp->n_kv_head * hp->head_dim;
     const unsigned ND = EN_PARAM_NO_DECAY, KV = EN_PARAM_KV, VOC = EN_PARAM_VOCAB;
+    const unsigned RN = EN_PARAM_NO_DECAY | EN_PARAM_ROW_NORM;
+    const unsigned HN = EN_PARAM_NO_DECAY | EN_PARAM_HEAD_NORM;
     enum { R = EN_SPLIT_ROWS, K = EN_SPLIT_COLS, W = EN_SPLIT_NONE };
 #define S(p) (w ? &(p) : NULL)
     en_layout_add(b, S(w->tok_embd), V, C, R, VOC, "model.embed_tokens.weight", 0);
     for (int l = 0; l < hp->n_layer; l++) {
         en_layer_w *lw = w ? &w->layers[l] : NULL;
 #define L(f) (lw ? &lw->f : NULL)
-        en_layout_add(b, L(attn_norm), C, 0, W, ND, "model.layers.%d.input_layernorm.weight", l);
+        en_layout_add(b, L(attn_norm), C, 0, W, RN, "model.layers.%d.input_layernorm.weight", l);
         en_layout_add(b, L(wq), QD, C, R, 0, "model.layers.%d.self_attn.q_proj.weight", l);
         en_layout_add(b, L(wk), KVD, C, R, KV, "model.layers.%d.self_attn.k_proj.weight", l);
         en_layout_add(b, L(wv), KVD, C, R, KV, "model.layers.%d.self_attn.v_proj.weight", l);
@@ -65,9 +96,14 @@ static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
                           l);
         }
         en_layout_add(b, L(wo), C, QD, K, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (hp->qk_norm) {
+            const int64_t D = hp->head_dim;
+            en_layout_add(b, L(q_norm), D, 0, W, HN, "model.layers.%d.self_attn.q_norm.weight", l);
+            en_layout_add(b, L(k_norm), D, 0, W, HN, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
         if (hp->o_bias)
             en_layout_add(b, L(bo), C, 0, W, ND, "model.layers.%d.self_attn.o_proj.bias", l);
-        en_layout_add(b, L(ffn_norm), C, 0, W, ND,
+        en_layout_add(b, L(ffn_norm), C, 0, W, RN,
                       "model.layers.%d.post_attention_layernorm.weight", l);
         en_layout_add(b, L(w_gate), F, C, R, 0, "model.layers.%d.mlp.gate_proj.weight", l);
         if (hp->mlp_bias)
@@ -80,7 +116,7 @@ static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
             en_layout_add(b, L(b_down), C, 0, W, ND, "model.layers.%d.mlp.down_proj.bias", l);
 #undef L
     }
-    en_layout_add(b, S(w->out_norm), C, 0, W, ND, "model.norm.weight", 0);
+    en_layout_add(b, S(w->out_norm), C, 0, W, RN, "model.norm.weight", 0);
     if (!hp->tie_embeddings) en_layout_add(b, S(w->lm_head), V, C, R, VOC, "lm_head.weight", 0);
 #undef S
 }
@@ -90,4 +126,6 @@ const en_family en_family_llama = {"llama", llama_config, llama_layout, en_llama
 const en_family en_family_mistral = {"mistral", mistral_config, llama_layout,
                                      en_llama_layer_fwd, en_llama_layer_bwd};
 const en_family en_family_qwen2 = {"qwen2", qwen2_config, llama_layout, en_llama_layer_fwd,
+                                   en_llama_layer_bwd};
+const en_family en_family_qwen3 = {"qwen3", qwen3_config, llama_layout, en_llama_layer_fwd,
                                    en_llama_layer_bwd};

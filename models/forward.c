@@ -8,6 +8,18 @@
 
 #include "family.h"
 
+const float *en_norm_weight(const en_model *m, const float *w, int n) {
+    if (!m->hp.norm_plus1) return w;
+    en_op_add(m->be, m->norm_w, w, m->ones, (size_t)n);
+    return m->norm_w;
+}
+
+void en_logits_fwd(const en_model *m, float *logits, const float *xn, int nr, int V) {
+    en_op_matmul(m->be, logits, xn, m->w.lm_head, NULL, nr, V, m->hp.n_embd);
+    if (m->hp.final_softcap) /* Gemma 2: cap * tanh(logit / cap) */
+        en_op_softcap(m->be, logits, logits, m->hp.final_softcap, (size_t)nr * V);
+}
+
 en_layer_acts en_infer_acts(float *xn, float *q, float *att, float *gate, float *up, float *tmp,
                             float *lora_u) {
     en_layer_acts a = {0};
@@ -44,10 +56,10 @@ void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *hos
      * the (V, C) projection, which dominates decode cost for small models. */
     const float *rows = want == 2 ? c->x : c->x + (size_t)(n - 1) * C;
     int nr = want == 2 ? n : 1;
-    en_op_rmsnorm(be, c->xn, rows, m->w.out_norm, hp->norm_eps, nr, C);
+    en_op_rmsnorm(be, c->xn, rows, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, nr, C);
     const int V = hp->n_vocab;
     if (m->tp_size == 1) {
-        en_op_matmul(be, c->logits, c->xn, m->w.lm_head, NULL, nr, V, C);
+        en_logits_fwd(m, c->logits, c->xn, nr, V);
         if (host) en_backend_download(be, host, c->logits, (size_t)nr * V * sizeof(float));
         return;
     }
@@ -57,7 +69,7 @@ void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *hos
      * (en_ctx_create refuses it on others). */
     const int Vl = hl->n_vocab;
     float *logits = c->logits;
-    en_op_matmul(be, c->lg_local, c->xn, m->w.lm_head, NULL, nr, Vl, C);
+    en_logits_fwd(m, c->lg_local, c->xn, nr, Vl);
     /* one row without padding is already in order */
     float *all = nr == 1 && Vl * m->tp_size == V ? logits : c->lg_gather;
     en_err err = {0};

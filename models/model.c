@@ -258,6 +258,22 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         *sp->slot = m->params + sp->offset;
     }
     if (m->hp.tie_embeddings) m->w.lm_head = m->w.tok_embd;
+    s = en_rope_init(m, err);
+    if (s != EN_OK) goto fail;
+    if (m->hp.norm_plus1) { /* Gemma's 1 + w norms */
+        size_t n = (size_t)(m->hp.n_embd > m->hp.head_dim ? m->hp.n_embd : m->hp.head_dim);
+        float *ones = en_malloc(n * sizeof(float));
+        m->ones = en_backend_alloc(m->be, n * sizeof(float));
+        m->norm_w = en_backend_alloc(m->be, n * sizeof(float));
+        if (!ones || !m->ones || !m->norm_w) {
+            en_free(ones);
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < n; i++) ones[i] = 1.0f;
+        en_backend_upload(m->be, m->ones, ones, n * sizeof(float));
+        en_free(ones);
+    }
     en_free(staging);
     shards_close(&ss);
     en_free(cfg_text);
@@ -275,6 +291,9 @@ fail:
 
 void en_model_destroy(en_model *m) {
     if (!m) return;
+    en_rope_destroy(m);
+    en_backend_free(m->be, m->ones);
+    en_backend_free(m->be, m->norm_w);
     if (m->params) en_backend_free(m->be, m->params);
     en_free(m->specs);
     en_free(m->w.layers);

@@ -23,6 +23,36 @@
 #include "../common/comm.h"
 #include "../common/status.h"
 
+/* Rotary position embedding, as config.json's rope_parameters (or the
+ * older rope_theta + rope_scaling) describe it; models/rope.c turns it into
+ * a table of inverse frequencies. */
+enum {
+    EN_ROPE_DEFAULT = 0,
+    EN_ROPE_LINEAR,   /* positions divided by factor */
+    EN_ROPE_DYNAMIC,  /* NTK: base grows once a sequence passes max_position_embeddings */
+    EN_ROPE_LLAMA3,   /* Llama 3.1: low frequencies divided by factor, smooth in between */
+    EN_ROPE_YARN,     /* YaRN: ramp between interpolation and extrapolation, attention factor */
+    EN_ROPE_LONGROPE, /* Phi-3: per-frequency short/long factors, attention factor */
+};
+#define EN_ROPE_MAX_FACTORS 256
+typedef struct en_rope_params {
+    int type;    /* EN_ROPE_* */
+    float theta; /* base */
+    int n_rot;   /* dims of each head that rotate (head_dim * partial_rotary_factor) */
+    float factor;
+    float low_freq_factor, high_freq_factor; /* llama3 */
+    int orig_max;                            /* original_max_position_embeddings */
+    float beta_fast, beta_slow;              /* yarn */
+    int truncate;                            /* yarn */
+    float attn_factor;                       /* yarn, longrope: cos/sin scale */
+    int n_factors;                           /* longrope: n_rot / 2 */
+    float short_factor[EN_ROPE_MAX_FACTORS], long_factor[EN_ROPE_MAX_FACTORS];
+} en_rope_params;
+
+#define EN_MAX_LAYERS 512
+
+enum { EN_ACT_SILU = 0, EN_ACT_GELU_TANH = 1 };
+
 /* Hyper-parameters in effect, read from config.json. */
 typedef struct en_model_hparams {
     char model_type[32]; /* "llama", "mistral", "qwen2" */
@@ -33,14 +63,29 @@ typedef struct en_model_hparams {
     int n_kv_head;       /* Hkv (GQA when < H) */
     int head_dim;        /* D (usually C / H) */
     int n_ff;            /* intermediate_size */
-    int max_pos;         /* max_position_embeddings */
+    int max_pos;         /* max_position_embeddings (for dynamic / YaRN rope scaling:
+                            the extended context, factor x the original) */
     float rope_theta;
     float norm_eps;
     int tie_embeddings;  /* lm_head shares embed_tokens */
     int qkv_bias;        /* q/k/v projections have bias (qwen2; llama attention_bias) */
     int o_bias;          /* o projection has bias (llama attention_bias) */
     int mlp_bias;        /* gate/up/down have biases (llama mlp_bias) */
+    int qk_norm;         /* RMSNorm over each query / key head before RoPE (qwen3, gemma3) */
+    int act;             /* EN_ACT_*: the MLP gate's activation */
+    int post_norms;      /* norms after attention and after the MLP too (gemma2/3) */
+    int norm_plus1;      /* norms compute x * (1 + w) (gemma) */
+    float embed_scale;   /* the embedding is multiplied by it (gemma: sqrt(C)); 0: not */
+    float attn_scale;    /* on q.k; 0: 1/sqrt(head_dim) */
+    float attn_softcap;  /* scores -> cap * tanh(score / cap) (gemma2); 0: none */
+    float final_softcap; /* the same on the logits (gemma2); 0: none */
     int sliding_window;  /* 0 = full causal attention */
+    /* Layers that use the sliding window (Mistral: all; Qwen2: from
+     * max_window_layers on; Gemma: the local ones); sliding_window > 0. */
+    unsigned char layer_swa[EN_MAX_LAYERS];
+    en_rope_params rope;       /* every layer's, or the global layers' */
+    en_rope_params rope_local; /* the sliding-window layers' when has_rope_local (Gemma 3) */
+    int has_rope_local;
     int bos_id, eos_id;  /* from config.json; -1 when absent */
 } en_model_hparams;
 

@@ -24,6 +24,8 @@ typedef struct en_layer_w {
     float *w_up;      /* (F, C) */
     float *w_down;    /* (C, F) */
     float *b_gate, *b_up, *b_down; /* (F), (F), (C) or NULL (mlp_bias) */
+    float *q_norm, *k_norm;        /* (D) or NULL (qwen3, gemma3) */
+    float *post_attn_norm, *post_ffn_norm; /* (C) or NULL (gemma2/3) */
 } en_layer_w;
 
 /* The model's weights: views into the parameter allocation. */
@@ -45,6 +47,10 @@ enum {
     EN_PARAM_VOCAB = 1 << 0,    /* rows are the vocabulary, padded to a multiple of tp */
     EN_PARAM_KV = 1 << 1,       /* rows are kv heads, replicated when fewer than ranks */
     EN_PARAM_NO_DECAY = 1 << 2, /* norms and biases: no AdamW weight decay */
+    EN_PARAM_ROW_NORM = 1 << 4, /* a norm of the residual stream: under sequence
+                                   parallelism each rank's gradient covers its rows */
+    EN_PARAM_HEAD_NORM = 1 << 5, /* a per-head norm (q/k): under tensor parallelism
+                                    each rank's gradient covers its heads */
 };
 
 /* One named tensor of the layout: Hugging Face name, shape (this rank's),
@@ -66,6 +72,7 @@ typedef struct en_param_spec {
 } en_param_spec;
 
 struct en_family;
+struct en_rope_rt;
 
 struct en_model {
     en_model_hparams hp; /* the whole model's (what config.json says) */
@@ -80,8 +87,40 @@ struct en_model {
     en_param_spec *specs;
     int n_specs;
     en_weights w;
-    const en_lora *lora; /* borrowed adapter, or NULL */
+    struct en_rope_rt *rope; /* rope.c: the frequency tables */
+    float *ones, *norm_w;    /* norm_plus1: (max(C, D)) ones, and 1 + w scratch */
+    const en_lora *lora;     /* borrowed adapter, or NULL */
 };
+
+/* The weight a norm multiplies by: w, or for norm_plus1 families (Gemma)
+ * 1 + w, made in a scratch buffer that is valid until the next call. The
+ * gradient with respect to 1 + w is the gradient with respect to w. */
+const float *en_norm_weight(const en_model *m, const float *w, int n);
+
+/* The sliding window of layer l (0: full causal attention). */
+static inline int en_layer_window(const en_model_hparams *hp, int l) {
+    return hp->sliding_window > 0 && hp->layer_swa[l] ? hp->sliding_window : 0;
+}
+
+/* ---- rope.c: rotary position embedding of every rope_scaling type ---- */
+
+/* The inverse frequencies (n_rot / 2) and cos/sin factor of r for a
+ * sequence of seq_len positions (dynamic and longrope depend on it; 0 for
+ * the table of short sequences). */
+void en_rope_table(const en_rope_params *r, int max_pos, int seq_len, float *inv_freq,
+                   float *mscale);
+/* The model's tables in backend buffers (created at load, freed with it). */
+en_status en_rope_init(en_model *m, en_err *err);
+void en_rope_destroy(en_model *m);
+/* RoPE of layer l on x (n, H, head_dim) rows of row_stride floats at
+ * positions pos; seq_len = 1 + the largest position of the call (picks the
+ * dynamic / longrope table). The backward applies the transpose. */
+void en_rope_fwd(const en_model *m, int l, float *x, const int32_t *pos, int n, int H,
+                 size_t row_stride, int seq_len);
+void en_rope_bwd(const en_model *m, int l, float *dx, const int32_t *pos, int n, int H,
+                 size_t row_stride, int seq_len);
+/* 1 when some layer's table depends on the sequence length. */
+int en_rope_seq_dependent(const en_model *m);
 
 /* Buffers one layer's forward writes. Inference passes the context's
  * scratch (the same for every layer, h may alias gate, x_in and x_mid NULL);
@@ -91,6 +130,8 @@ typedef struct en_layer_acts {
     float *x_in;   /* (n, C) copy of the layer input, or NULL */
     float *xn1;    /* (n, C) rmsnorm before attention */
     float *q;      /* (n, H*D) queries after RoPE */
+    float *q_raw, *k_raw; /* (n, H*D), (n, Hkv*D) q / k before their norms
+                             (qk_norm, training only; NULL: normed in place) */
     float *att;    /* (n, H*D) attention output before o_proj */
     float *probs;  /* (n_seq, T, H, T) stored attention probabilities, or NULL
                       (training with --recompute none only) */
@@ -100,6 +141,8 @@ typedef struct en_layer_acts {
     float *up;     /* (n, F) up projection */
     float *h;      /* (n, F) silu(gate) * up (may alias gate) */
     float *proj;   /* (n, C) output of o_proj / down_proj before the residual add */
+    float *attn_out, *mlp_out; /* (n, C) post_norms in training: the reduced o / down
+                                  outputs, inputs of the norms after them (else NULL) */
     float *tmp;    /* (n, max(C, F, H*D)) scratch of LoRA paths */
     float *lora_u; /* (n, r) scratch when an adapter is attached */
     /* Sequence parallelism (training under --tp with --sequence-parallel):
@@ -144,6 +187,7 @@ typedef struct en_grad_ctx {
     /* scratch */
     float *dxn;           /* (N, C) */
     float *dq, *datt;     /* (N, H*D) */
+    float *dqk;           /* (N, H*D) the q/k norms' input gradient (qk_norm) */
     float *dk, *dv;       /* (N, Hkv*D) */
     float *dgate, *dup, *dh; /* (N, F) */
     float *lora_u, *lora_du; /* (N, r) */
@@ -182,11 +226,11 @@ void en_model_tp_allreduce(const en_model *m, float *buf, size_t n);
  * reduce-scatter in (tp * n_local) summing into this rank's out (n_local). */
 void en_model_tp_allgather(const en_model *m, const float *in, float *out, size_t n_local);
 void en_model_tp_reduce_scatter(const en_model *m, const float *in, float *out, size_t n_local);
-/* x += a row-parallel layer's output (n rows, a partial sum per rank):
- * all-reduced, or with sequence parallelism reduce-scattered to this
- * rank's nx rows of x. scratch: (nx, C) when sp. */
-void en_tp_residual_add(const en_model *m, float *x, float *proj, int n, int nx, int sp,
-                        float *scratch);
+/* A row-parallel layer's output (n rows, a partial sum per rank) summed
+ * over the group: all-reduced in place (returns proj), or with sequence
+ * parallelism reduce-scattered to this rank's nx rows (returns scratch,
+ * (nx, C)). */
+float *en_tp_reduce_rows(const en_model *m, float *proj, int n, int nx, int sp, float *scratch);
 /* The backward's conjugates: rows_all gives the N rows of a buffer this
  * rank holds Nx rows of (all-gathered into full), sum_rows sums a partial
  * (N, C) input gradient over the group (reduce-scattered to our rows in
@@ -206,8 +250,9 @@ const en_param_spec *en_model_find_spec(const en_model *m, const char *name);
  * vocab-parallel lookup plus its all-reduce (ids_local: n ints scratch). */
 void en_embed_fwd(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local);
 /* dtable += dx rows at ids (full fine-tuning); vocab-parallel: only the
- * rows held here. dx (N, C) all rows; scratch (N, C) under TP. */
-void en_embed_bwd(const en_model *m, float *dtable, const float *dx, const int32_t *ids, int n,
+ * rows held here. dx (N, C) all rows (scaled in place by the embedding
+ * scale, when the family has one); scratch (N, C) under TP. */
+void en_embed_bwd(const en_model *m, float *dtable, float *dx, const int32_t *ids, int n,
                   int32_t *ids_local, float *scratch);
 /* ids_local[t] = ids[t] - (this rank's first vocab row), or -1 when the id
  * lives on another tensor-parallel rank. Returns how many are elsewhere. */
@@ -262,6 +307,10 @@ struct en_ctx {
  * n_layer entries allocated) the slots point into it. */
 en_status en_model_layout(const en_model_hparams *hp, en_param_spec **specs, int *n_specs,
                           size_t *n_params, en_weights *w, en_err *err);
+
+/* logits (nr, V) = xn (nr, C) times the output matrix (V: this rank's
+ * rows), soft-capped when the family caps them (forward.c). */
+void en_logits_fwd(const en_model *m, float *logits, const float *xn, int nr, int V);
 
 /* The forward pass over one chunk of a context (forward.c).
  * want: 0 no logits, 1 the last token's, 2 every token's; they land in

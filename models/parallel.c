@@ -28,17 +28,14 @@ void en_model_tp_reduce_scatter(const en_model *m, const float *in, float *out, 
         en_abort(__FILE__, __LINE__, err.msg);
 }
 
-void en_tp_residual_add(const en_model *m, float *x, float *proj, int n, int nx, int sp,
-                        float *scratch) {
-    const size_t C = (size_t)m->hp.n_embd;
-    const float *po = proj;
+float *en_tp_reduce_rows(const en_model *m, float *proj, int n, int nx, int sp,
+                         float *scratch) {
     if (sp) {
-        en_model_tp_reduce_scatter(m, proj, scratch, (size_t)nx * C);
-        po = scratch;
-    } else {
-        en_model_tp_allreduce(m, proj, (size_t)n * C);
+        en_model_tp_reduce_scatter(m, proj, scratch, (size_t)nx * (size_t)m->hp.n_embd);
+        return scratch;
     }
-    en_op_add(m->be, x, x, po, (size_t)nx * C);
+    en_model_tp_allreduce(m, proj, (size_t)n * (size_t)m->hp.n_embd);
+    return proj;
 }
 
 const float *en_tp_rows_all(const en_grad_ctx *g, const float *local, float *full) {

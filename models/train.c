@@ -41,8 +41,9 @@ struct en_train {
     float *xr;           /* (N, C) FULL: the layer input being recomputed */
     /* scratch (not saved) */
     float *proj, *tmp, *lora_u, *lora_du;
-    float *dx, *dxn, *dq, *dk, *dv, *datt, *dgate, *dup, *dh, *dxf;
+    float *dx, *dxn, *dq, *dqk, *dk, *dv, *datt, *dgate, *dup, *dh, *dxf;
     float *logits; /* (chunk, V) */
+    float *capped; /* (chunk, V) soft-capped logits (final_softcap) */
     float *nll;    /* (chunk) */
     float *scale;  /* (chunk) backend buffer: every row grad_scale */
     float scale_set; /* the value scale holds (0: not yet) */
@@ -116,13 +117,10 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         if (!t->tensors) goto oom;
         for (int i = 0; i < t->n_tensors; i++) {
             const en_param_spec *sp = &m->specs[i];
-            size_t nl = strlen(sp->name);
-            int is_norm = nl >= 11 && strcmp(sp->name + nl - 11, "norm.weight") == 0;
-            int is_bias = nl >= 5 && strcmp(sp->name + nl - 5, ".bias") == 0;
             t->tensors[i].name = sp->name;
             t->tensors[i].offset = sp->offset;
             t->tensors[i].n_elem = sp->n_elem;
-            t->tensors[i].decay = !(is_norm || is_bias);
+            t->tensors[i].decay = !(sp->flags & EN_PARAM_NO_DECAY);
         }
     }
     t->grads = en_backend_alloc(be, t->n_params * sizeof(float));
@@ -135,7 +133,9 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     const size_t Nl = cfg->sequence_parallel ? N / (size_t)m->tp_size : N;
     t->sp = cfg->sequence_parallel;
     t->Nl = (int)Nl;
-    const size_t work = Nl * 3 * C + N * (2 * QD + 2 * KVD + 3 * F);
+    const size_t qkn = hp->qk_norm ? N * (QD + KVD) : 0; /* q/k before their norms */
+    const size_t pn = hp->post_norms ? 2 * Nl * C : 0;   /* inputs of the norms after blocks */
+    const size_t work = Nl * 3 * C + N * (2 * QD + 2 * KVD + 3 * F) + qkn + pn;
     const int full = cfg->recompute == EN_RECOMPUTE_FULL;
     const size_t probs = cfg->recompute == EN_RECOMPUTE_NONE
                              ? N * (size_t)hp->n_head * (size_t)cfg->seq_len
@@ -156,6 +156,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->dxn = en_backend_alloc(be, N * C * sizeof(float));
     t->dxf = en_backend_alloc(be, N * C * sizeof(float));
     t->dq = en_backend_alloc(be, N * QD * sizeof(float));
+    if (hp->qk_norm) t->dqk = en_backend_alloc(be, N * QD * sizeof(float));
     t->datt = en_backend_alloc(be, N * QD * sizeof(float));
     t->dk = en_backend_alloc(be, N * KVD * sizeof(float));
     t->dv = en_backend_alloc(be, N * KVD * sizeof(float));
@@ -163,6 +164,10 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->dup = en_backend_alloc(be, N * F * sizeof(float));
     t->dh = en_backend_alloc(be, N * F * sizeof(float));
     t->logits = en_backend_alloc(be, chunk * V * sizeof(float));
+    if (m->hp.final_softcap) {
+        t->capped = en_backend_alloc(be, chunk * V * sizeof(float));
+        if (!t->capped) goto oom;
+    }
     t->nll = en_backend_alloc(be, chunk * sizeof(float));
     t->scale = en_backend_alloc(be, chunk * sizeof(float));
     t->nll_h = en_malloc(chunk * sizeof(float));
@@ -194,7 +199,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         t->lora_du = en_backend_alloc(be, N * r * sizeof(float));
         if (!t->lora_u || !t->lora_du) goto oom;
     }
-    if (!t->proj || !t->tmp || !t->dx || !t->dxn || !t->dxf || !t->dq || !t->datt || !t->dk ||
+    if (!t->proj || !t->tmp || !t->dx || !t->dxn || !t->dxf || !t->dq || (hp->qk_norm && !t->dqk) || !t->datt || !t->dk ||
         !t->dv || !t->dgate || !t->dup || !t->dh || !t->logits || !t->nll || !t->scale || !t->nll_h || !t->pos)
         goto oom;
     float *p = t->arena;
@@ -221,6 +226,14 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
         a->gate = p, p += N * F;
         a->up = p, p += N * F;
         a->h = p, p += N * F;
+        if (qkn) {
+            a->q_raw = p, p += N * QD;
+            a->k_raw = p, p += N * KVD;
+        }
+        if (pn) {
+            a->attn_out = p, p += Nl * C;
+            a->mlp_out = p, p += Nl * C;
+        }
         if (probs) a->probs = p, p += probs;
         a->proj = t->proj;
         a->tmp = t->tmp;
@@ -238,7 +251,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->g = (en_grad_ctx){.m = m, .be = be, .grads = t->grads, .params = t->params,
                          .lora = t->lora, .N = t->N, .B = cfg->batch, .T = cfg->seq_len,
                          .Nx = t->sp ? t->Nl : t->N, .pos = t->pos, .sp = t->sp, .dx = t->dx,
-                         .dxn = t->dxn, .dq = t->dq, .datt = t->datt, .dk = t->dk, .dv = t->dv,
+                         .dxn = t->dxn, .dq = t->dq, .dqk = t->dqk, .datt = t->datt, .dk = t->dk, .dv = t->dv,
                          .dgate = t->dgate, .dup = t->dup, .dh = t->dh, .lora_u = t->lora_u,
                          .lora_du = t->lora_du, .xg = t->xg, .dfull = t->dfull, .dxl = t->dxl};
     *out = t;
@@ -255,8 +268,8 @@ void en_train_destroy(en_train *t) {
     if (!t) return;
     en_backend *be = t->be;
     float *bufs[] = {t->xg, t->dfull, t->dxl, t->grads, t->arena, t->proj, t->tmp, t->lora_u, t->lora_du, t->dx, t->dxn,
-                     t->dq, t->dk, t->dv, t->datt, t->dgate, t->dup, t->dh, t->dxf, t->logits,
-                     t->nll, t->scale};
+                     t->dq, t->dqk, t->dk, t->dv, t->datt, t->dgate, t->dup, t->dh, t->dxf, t->logits,
+                     t->capped, t->nll, t->scale};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) en_backend_free(be, bufs[i]);
     en_free(t->acts);
     en_free(t->k);
@@ -386,10 +399,10 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     for (int l = 0; l < L; l++)
         m->fam->layer_fwd(m, l, t->x, N, B, t->pos, t->k[l], t->v[l], 0, &t->acts[l]);
     if (t->sp) { /* the vocab-parallel loss needs every row */
-        en_op_rmsnorm(be, t->dxl, t->x, m->w.out_norm, hp->norm_eps, Nx, C);
+        en_op_rmsnorm(be, t->dxl, t->x, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, Nx, C);
         en_model_tp_allgather(m, t->dxl, t->xf, (size_t)Nx * C);
     } else {
-        en_op_rmsnorm(be, t->xf, t->x, m->w.out_norm, hp->norm_eps, N, C);
+        en_op_rmsnorm(be, t->xf, t->x, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, N, C);
     }
 
     /* ---- loss, fused with the output projection, chunk by chunk ---- */
@@ -400,7 +413,10 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     for (int r0 = 0; r0 < N; r0 += t->cfg.ce_chunk) {
         int rows = N - r0 < t->cfg.ce_chunk ? N - r0 : t->cfg.ce_chunk;
         const float *xf = t->xf + (size_t)r0 * C;
-        en_op_matmul(be, t->logits, xf, m->w.lm_head, NULL, rows, V, C);
+        en_logits_fwd(m, t->logits, xf, rows, V);
+        const float cap = m->hp.final_softcap;
+        if (cap && backward) /* the capped logits, for the cap's backward */
+            en_backend_copy(be, t->capped, t->logits, (size_t)rows * V * sizeof(float));
         if (m->tp_size > 1) {
             vocab_parallel_ce(t, targets + r0, rows, backward, grad_scale, &sum, &count);
         } else {
@@ -420,6 +436,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             en_op_cross_entropy_bwd(be, t->logits, t->logits, targets + r0, t->scale, rows, V);
         }
         if (!backward) continue;
+        if (cap) en_op_softcap_bwd(be, t->logits, t->logits, t->capped, cap, (size_t)rows * V);
         en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf, m->w.lm_head, rows,
                          V, C);
     }
@@ -431,7 +448,8 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
 
     /* ---- backward ---- */
     zero(t->be, t->dx, (size_t)Nx * C);
-    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->w.out_norm), dxf, t->x, m->w.out_norm, hp->norm_eps, Nx, C);
+    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->w.out_norm), dxf, t->x,
+                      en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, Nx, C);
     for (int l = L - 1; l >= 0; l--) {
         const en_layer_acts *a = &t->acts[l];
         if (t->cfg.recompute == EN_RECOMPUTE_FULL && l != L - 1) {
@@ -446,7 +464,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         m->fam->layer_bwd(&t->g, l, a, t->k[l], t->v[l]);
     }
     if (!lo) {
-        const float *dx = t->dx;
+        float *dx = t->dx;
         if (t->sp) { /* every row's gradient: the embedding is vocab-parallel */
             en_model_tp_allgather(m, t->dx, t->dxn, (size_t)Nx * C);
             dx = t->dxn;
@@ -459,16 +477,15 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
 void en_train_reduce_grads(en_train *t) {
     en_model *m = t->m;
     if (m->tp_size == 1) return;
-    const size_t C = (size_t)m->hp.n_embd;
-    if (t->sp && !t->lora) {
-        /* With sequence parallelism each rank's norm weights saw only its
-         * rows of the batch: sum their gradients over the group. */
-        en_model_tp_allreduce(m, gw(t, m->w.out_norm), C);
-        for (int l = 0; l < m->hp.n_layer; l++) {
-            en_model_tp_allreduce(m, gw(t, m->w.layers[l].attn_norm), C);
-            en_model_tp_allreduce(m, gw(t, m->w.layers[l].ffn_norm), C);
+    if (!t->lora)
+        for (int i = 0; i < m->n_specs; i++) {
+            /* Norm weights whose gradient each rank computed over part of
+             * the work: residual-stream norms under sequence parallelism
+             * (this rank's rows), per-head norms (this rank's heads). */
+            const en_param_spec *sp = &m->specs[i];
+            if ((t->sp && (sp->flags & EN_PARAM_ROW_NORM)) || (sp->flags & EN_PARAM_HEAD_NORM))
+                en_model_tp_allreduce(m, t->grads + sp->offset, sp->n_elem);
         }
-    }
     if (m->kv_rep > 1) {
         /* A replicated kv head's weights get gradient from every rank whose
          * query heads use it: each rank puts its part in the head's block of

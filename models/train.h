@@ -88,6 +88,8 @@ en_status en_train_loss(en_train *t, const int32_t *inputs, const int32_t *targe
  * Hkv*D key/value widths:
  *   SELECTIVE: 4C (layer input, two norm outputs, mid residual)
  *              + 2 H*D (q, attention output) + 2 Hkv*D (k, v) + 3F (gate, up, h)
+ *              + H*D + Hkv*D with q/k norms (qwen3, gemma3: their inputs)
+ *              + 2C with norms after the blocks (gemma: their inputs)
  *   NONE:      SELECTIVE + H*T (the attention probabilities of the token's row)
  *   FULL:      C (the layer input)
  * With sequence parallelism the 4C of SELECTIVE (and FULL's C) are held for

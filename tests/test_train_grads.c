@@ -1,9 +1,10 @@
 /*
  * test_train_grads.c - the backward pass against PyTorch autograd.
  *
- * For tiny llama (MHA; GQA + tied embeddings), mistral (sliding window) and
- * qwen2 (q/k/v bias) models, full fine-tuning and LoRA (adapter written by
- * PEFT), tests/fixtures/grad/<case>.safetensors holds a batch, the mean loss
+ * For tiny models of every family (llama MHA / GQA + tied, mistral, qwen2,
+ * llama with llama3 rope or linear rope + head_dim + biases, qwen2 with
+ * per-layer windows, qwen3, gemma2, gemma3), full fine-tuning and LoRA
+ * (adapter written by PEFT), tests/fixtures/grad/<case>.safetensors holds a batch, the mean loss
  * over its trained targets and the gradient of every trainable parameter,
  * computed by torch (tests/gen/gen_grad_fixtures.py). Here the same batch
  * goes through en_train_fwd_bwd; the loss and every gradient must agree
@@ -33,6 +34,13 @@ static const struct {
     {"llama_mha_full", "llama_mha", 0},          {"llama_gqa_tied_full", "llama_gqa_tied", 0},
     {"mistral_full", "mistral", 0},              {"qwen2_full", "qwen2", 0},
     {"llama_gqa_tied_lora", "llama_gqa_tied", 1}, {"qwen2_lora", "qwen2", 1},
+    /* tests/gen/gen_family_grad_fixtures.py: rope scaling, head_dim != C/H,
+     * biases, per-layer windows, q/k norms, Gemma's pieces */
+    {"llama3_rope_full", "llama3_rope", 0},      {"llama_linear_hd_full", "llama_linear_hd", 0},
+    {"llama_linear_hd_lora", "llama_linear_hd", 1}, {"qwen2_swa_full", "qwen2_swa", 0},
+    {"qwen3_full", "qwen3", 0},                  {"qwen3_lora", "qwen3", 1},
+    {"gemma2_full", "gemma2", 0},                {"gemma2_lora", "gemma2", 1},
+    {"gemma3_full", "gemma3", 0},
 };
 
 static void run_case(en_backend *be, int ci) {
@@ -173,7 +181,10 @@ static void run_case(en_backend *be, int ci) {
             size_t QD = (size_t)hp->n_head * hp->head_dim, KVD = (size_t)hp->n_kv_head * hp->head_dim;
             size_t ps, pf;
             size_t ts = en_train_activation_bytes(t, &ps), tf_total = en_train_activation_bytes(tf, &pf);
-            CHECK(ps == 4 * N * (4 * C + 2 * QD + 2 * KVD + 3 * F), "selective bytes per layer %zu", ps);
+            /* q/k norms keep their inputs; Gemma's norms after each block theirs */
+            size_t extra = (hp->qk_norm ? QD + KVD : 0) + (hp->post_norms ? 2 * C : 0);
+            CHECK(ps == 4 * N * (4 * C + 2 * QD + 2 * KVD + 3 * F + extra),
+                  "selective bytes per layer %zu", ps);
             CHECK(pf == 4 * N * C, "full bytes per layer %zu", pf);
             CHECK(tf_total < ts, "full recomputation must hold less (%zu vs %zu)", tf_total, ts);
             en_train_destroy(tf);
