@@ -56,7 +56,7 @@ int en_cmd_export(int argc, char **argv) {
     int n_tok_files = 0;
     if (en_lora_merge(l, cm.model, &err) || en_mkdir_p(out, &err) ||
         !(st = en_path_join(out, "model.safetensors")) ||
-        en_model_save_safetensors(cm.model, st, &err) || en_hf_write_config(hp, out, &err) ||
+        en_model_save_safetensors(cm.model, st, &err) || en_model_write_config(cm.model, out, &err) ||
         en_hf_copy_tokenizer(lo.dir, out, hp->bos_id, hp->eos_id, &n_tok_files, &err)) {
         en_cli_error(CMD, "%s", err.msg[0] ? err.msg : "out of memory");
         rc = EN_EXIT_ERROR;

@@ -479,12 +479,13 @@ static en_status save_checkpoint(run *r, en_err *err) {
         if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_config.json", err);
         if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_model.safetensors", err);
     } else if (s == EN_OK && r->tp > 1) {
-        char(*fn)[160] = en_calloc((size_t)r->n_full_specs, 160);
-        en_st_writer_item *it = fn ? full_items(r, r->full_p, "", fn, 1) : NULL;
-        s = it ? en_ckpt_write_safetensors(w, "model.safetensors", it, r->n_full_specs, err)
-               : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        en_st_writer_item *it;
+        float *scratch;
+        int n_it = en_model_file_items(r->full_specs, r->n_full_specs, r->full_p, &it, &scratch);
+        s = n_it >= 0 ? en_ckpt_write_safetensors(w, "model.safetensors", it, n_it, err)
+                      : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         en_free(it);
-        en_free(fn);
+        en_free(scratch);
     } else if (s == EN_OK) {
         char *path = en_path_join(en_ckpt_writer_dir(w), "model.safetensors");
         s = path ? en_model_save_safetensors(r->model, path, err)
@@ -599,7 +600,9 @@ static en_status load_checkpoint(run *r, en_err *err) {
         op = en_path_join(dir, "optimizer.safetensors");
         size_t np;
         float *p = en_train_params(r->tr, &np);
-        s = load_tensors(r, wp, "", p, r->lora != NULL, err);
+        /* the model's weights through the core's loader (fused and sliced
+         * as its family stores them); the adapter's by name */
+        s = r->lora ? load_tensors(r, wp, "", p, 1, err) : en_model_load_weights(r->model, wp, err);
         if (r->cfg->zero && r->D > 1) { /* full moments in the file: keep this rank's slice */
             if (s == EN_OK) s = load_tensors(r, op, "m.", r->pad, 0, err);
             if (s == EN_OK) memcpy(r->m, r->pad + r->lo, (r->hi - r->lo) * sizeof(float));
@@ -647,17 +650,18 @@ static en_status write_final(run *r, en_err *err) {
     if (r->tp > 1) { /* full_p was gathered by the final checkpoint */
         char *dir = en_path_join(c->run_dir, "model");
         char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
-        char(*fn)[160] = en_calloc((size_t)r->n_full_specs, 160);
-        en_st_writer_item *it = fn ? full_items(r, r->full_p, "", fn, 1) : NULL;
-        en_status s = (dir && st && it) ? en_mkdir_p(dir, err)
-                                        : EN_ERR(err, EN_ERR_NOMEM, "oom");
-        if (s == EN_OK) s = en_st_write(st, it, r->n_full_specs, EN_DTYPE_F32, err);
-        if (s == EN_OK) s = en_hf_write_config(en_model_get_hparams(r->model), dir, err);
+        en_st_writer_item *it;
+        float *scratch;
+        int n_it = en_model_file_items(r->full_specs, r->n_full_specs, r->full_p, &it, &scratch);
+        en_status s = (dir && st && n_it >= 0) ? en_mkdir_p(dir, err)
+                                               : EN_ERR(err, EN_ERR_NOMEM, "oom");
+        if (s == EN_OK) s = en_st_write(st, it, n_it, EN_DTYPE_F32, err);
+        if (s == EN_OK) s = en_model_write_config(r->model, dir, err);
         if (s == EN_OK)
             s = en_hf_copy_tokenizer(c->model_dir, dir, en_tokenizer_bos(r->tok),
                                      en_tokenizer_eos(r->tok), NULL, err);
         en_free(it);
-        en_free(fn);
+        en_free(scratch);
         en_free(dir);
         en_free(st);
         return s;
@@ -666,8 +670,7 @@ static en_status write_final(run *r, en_err *err) {
     char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
     en_status s = (dir && st) ? en_mkdir_p(dir, err) : EN_ERR(err, EN_ERR_NOMEM, "oom");
     if (s == EN_OK) s = en_model_save_safetensors(r->model, st, err);
-    const en_model_hparams *hp = en_model_get_hparams(r->model);
-    if (s == EN_OK) s = en_hf_write_config(hp, dir, err);
+    if (s == EN_OK) s = en_model_write_config(r->model, dir, err);
     if (s == EN_OK)
         s = en_hf_copy_tokenizer(c->model_dir, dir, en_tokenizer_bos(r->tok),
                                  en_tokenizer_eos(r->tok), NULL, err);

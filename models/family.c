@@ -14,6 +14,7 @@ static const en_family *const k_families[] = {
     &en_family_qwen3,
     &en_family_gemma2,
     &en_family_gemma3,
+    &en_family_phi3,
 };
 #define N_FAMILIES (sizeof k_families / sizeof k_families[0])
 
@@ -62,12 +63,10 @@ en_param_spec *en_layout_add(en_layout *b, float **slot, int64_t d0, int64_t d1,
     return s;
 }
 
-void en_layout_fused(en_layout *b, const char *fmt, int layer, int64_t row0, int64_t rows) {
+void en_layout_fused(en_layout *b, const char *fmt, int layer) {
     if (b->st != EN_OK || b->n == 0) return;
     en_param_spec *s = &b->specs[b->n - 1];
     snprintf(s->src, sizeof s->src, fmt, layer);
-    s->src_row0 = row0;
-    s->src_rows = rows;
 }
 
 en_status en_model_layout(const en_model_hparams *hp, en_param_spec **specs, int *n_specs,
@@ -95,4 +94,32 @@ size_t en_model_n_params(const en_model_hparams *hp) {
     size_t n = 0;
     if (en_model_layout(hp, NULL, NULL, &n, NULL, NULL) != EN_OK) return 0;
     return n;
+}
+
+void en_model_fuse_offsets(en_param_spec *specs, int n, const int64_t *rows0) {
+    for (int i = 0; i < n;) {
+        if (!specs[i].src[0]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        int64_t total = 0;
+        for (; j < n && strcmp(specs[j].src, specs[i].src) == 0; j++) {
+            specs[j].src_row0 = total;
+            total += rows0[j];
+        }
+        for (int k = i; k < j; k++) specs[k].src_rows = total;
+        i = j;
+    }
+}
+
+static const en_lora_module k_llama_lora[] = {
+    {"self_attn.q_proj", 0, 1}, {"self_attn.k_proj", 1, 1}, {"self_attn.v_proj", 2, 1},
+    {"self_attn.o_proj", 3, 1}, {"mlp.gate_proj", 4, 1},    {"mlp.up_proj", 5, 1},
+    {"mlp.down_proj", 6, 1},    {NULL, 0, 0},
+};
+
+const en_lora_module *en_family_lora_modules(const en_family *f, const char **layer_prefix) {
+    *layer_prefix = f && f->layer_prefix ? f->layer_prefix : "model.layers.%d.";
+    return f && f->lora_modules ? f->lora_modules : k_llama_lora;
 }

@@ -33,11 +33,21 @@ typedef struct en_layout {
  * number. slot receives the tensor's address once the weights exist. */
 en_param_spec *en_layout_add(en_layout *b, float **slot, int64_t d0, int64_t d1, int split,
                              unsigned flags, const char *fmt, int layer);
-/* Make the last declared tensor a block of rows of a fused tensor of the
- * checkpoint: rows [row0, row0 + rows) of the file tensor `src`
- * (Phi-3's qkv_proj, GPT-2's c_attn). Tensor parallelism then splits the
- * block, not the fused tensor. */
-void en_layout_fused(en_layout *b, const char *fmt, int layer, int64_t row0, int64_t rows);
+/* Make the last declared tensor the next block of rows of a fused tensor
+ * of the checkpoint, the file tensor `src` (fmt with the layer number):
+ * the blocks declared in a row for one src, in order, make it up (Phi-3's
+ * qkv_proj, GPT-2's c_attn). Tensor parallelism splits each block, not the
+ * fused tensor. */
+void en_layout_fused(en_layout *b, const char *fmt, int layer);
+
+/* A module LoRA adapts, as PEFT names it inside a layer: it covers
+ * n_targets consecutive EN_LORA_* bits from target (a fused module, e.g.
+ * Phi-3's qkv_proj: q, k, v), whose outputs are stacked in that order. */
+typedef struct en_lora_module {
+    const char *path; /* "self_attn.q_proj", "self_attn.qkv_proj", "attn.c_attn" */
+    int target;
+    int n_targets;
+} en_lora_module;
 
 typedef struct en_family {
     const char *model_type;
@@ -47,7 +57,16 @@ typedef struct en_family {
                       float *kc, float *vc, int p0, const en_layer_acts *a);
     void (*layer_bwd)(en_grad_ctx *g, int l, const en_layer_acts *a, const float *k,
                       const float *v);
+    /* LoRA: layer l's module prefix (with %d) and the modules, ending with
+     * a NULL path; NULL: the Llama names (model.layers.%d.self_attn.q_proj,
+     * ..., mlp.down_proj). */
+    const char *layer_prefix;
+    const en_lora_module *lora_modules;
+    int peft_fan_in_fan_out; /* PEFT's flag for Conv1D bases (GPT-2) */
 } en_family;
+
+/* The LoRA modules of a family (its own, or the Llama names). */
+const en_lora_module *en_family_lora_modules(const en_family *f, const char **layer_prefix);
 
 /* config.json field readers (config.c) for the families' config hooks:
  * absent or null fields take def; a wrong type is EN_ERR_FORMAT naming
@@ -77,6 +96,6 @@ const char *en_family_names(void);
 
 /* The families' entries (family_*.c). */
 extern const en_family en_family_llama, en_family_mistral, en_family_qwen2, en_family_qwen3,
-    en_family_gemma2, en_family_gemma3;
+    en_family_gemma2, en_family_gemma3, en_family_phi3;
 
 #endif /* EN_FAMILY_H */

@@ -150,7 +150,13 @@ static void gemma_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
         en_layout_add(b, w ? &w->lm_head : NULL, V, C, R, VOC, "lm_head.weight", 0);
 }
 
-const en_family en_family_gemma2 = {"gemma2", gemma2_config, gemma_layout, en_llama_layer_fwd,
-                                    en_llama_layer_bwd};
-const en_family en_family_gemma3 = {"gemma3_text", gemma3_config, gemma_layout,
-                                    en_llama_layer_fwd, en_llama_layer_bwd};
+const en_family en_family_gemma2 = {.model_type = "gemma2",
+    .config = gemma2_config,
+    .layout = gemma_layout,
+    .layer_fwd = en_llama_layer_fwd,
+    .layer_bwd = en_llama_layer_bwd};
+const en_family en_family_gemma3 = {.model_type = "gemma3_text",
+    .config = gemma3_config,
+    .layout = gemma_layout,
+    .layer_fwd = en_llama_layer_fwd,
+    .layer_bwd = en_llama_layer_bwd};

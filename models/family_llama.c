@@ -1,6 +1,6 @@
 /*
  * family_llama.c - the family entries built on the Llama decoder layer
- * (layers_llama.c): llama, mistral, qwen2, qwen3. Each is its config.json fields
+ * (layers_llama.c): llama, mistral, qwen2, qwen3, phi3. Each is its config.json fields
  * and its tensor layout; the layer code is shared.
  */
 #include <string.h>
@@ -121,11 +121,82 @@ static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
 #undef S
 }
 
-const en_family en_family_llama = {"llama", llama_config, llama_layout, en_llama_layer_fwd,
-                                   en_llama_layer_bwd};
-const en_family en_family_mistral = {"mistral", mistral_config, llama_layout,
-                                     en_llama_layer_fwd, en_llama_layer_bwd};
-const en_family en_family_qwen2 = {"qwen2", qwen2_config, llama_layout, en_llama_layer_fwd,
-                                   en_llama_layer_bwd};
-const en_family en_family_qwen3 = {"qwen3", qwen3_config, llama_layout, en_llama_layer_fwd,
-                                   en_llama_layer_bwd};
+const en_family en_family_llama = {.model_type = "llama",
+    .config = llama_config,
+    .layout = llama_layout,
+    .layer_fwd = en_llama_layer_fwd,
+    .layer_bwd = en_llama_layer_bwd};
+const en_family en_family_mistral = {.model_type = "mistral",
+    .config = mistral_config,
+    .layout = llama_layout,
+    .layer_fwd = en_llama_layer_fwd,
+    .layer_bwd = en_llama_layer_bwd};
+const en_family en_family_qwen2 = {.model_type = "qwen2",
+    .config = qwen2_config,
+    .layout = llama_layout,
+    .layer_fwd = en_llama_layer_fwd,
+    .layer_bwd = en_llama_layer_bwd};
+const en_family en_family_qwen3 = {.model_type = "qwen3",
+    .config = qwen3_config,
+    .layout = llama_layout,
+    .layer_fwd = en_llama_layer_fwd,
+    .layer_bwd = en_llama_layer_bwd};
+
+/* phi3: Llama's layer with q/k/v fused into one qkv_proj and gate/up into
+ * gate_up_proj in the checkpoint; held as separate blocks, so that tensor
+ * parallelism splits each (en_layout_fused). Mistral's sliding window. */
+static void phi3_layout(en_layout *b, const en_model_hparams *hp, en_weights *w) {
+    const int64_t C = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t KVD = (int64_t)hp->n_kv_head * hp->head_dim;
+    const unsigned KV = EN_PARAM_KV, VOC = EN_PARAM_VOCAB;
+    const unsigned RN = EN_PARAM_NO_DECAY | EN_PARAM_ROW_NORM;
+    enum { R = EN_SPLIT_ROWS, K = EN_SPLIT_COLS, W = EN_SPLIT_NONE };
+    static const char qkv[] = "model.layers.%d.self_attn.qkv_proj.weight";
+    static const char gate_up[] = "model.layers.%d.mlp.gate_up_proj.weight";
+    en_layout_add(b, w ? &w->tok_embd : NULL, V, C, R, VOC, "model.embed_tokens.weight", 0);
+    for (int l = 0; l < hp->n_layer; l++) {
+        en_layer_w *lw = w ? &w->layers[l] : NULL;
+#define L(f) (lw ? &lw->f : NULL)
+        en_layout_add(b, L(attn_norm), C, 0, W, RN, "model.layers.%d.input_layernorm.weight", l);
+        en_layout_add(b, L(wq), QD, C, R, 0, "model.layers.%d.self_attn.q_proj.weight", l);
+        en_layout_fused(b, qkv, l);
+        en_layout_add(b, L(wk), KVD, C, R, KV, "model.layers.%d.self_attn.k_proj.weight", l);
+        en_layout_fused(b, qkv, l);
+        en_layout_add(b, L(wv), KVD, C, R, KV, "model.layers.%d.self_attn.v_proj.weight", l);
+        en_layout_fused(b, qkv, l);
+        en_layout_add(b, L(wo), C, QD, K, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        en_layout_add(b, L(ffn_norm), C, 0, W, RN,
+                      "model.layers.%d.post_attention_layernorm.weight", l);
+        en_layout_add(b, L(w_gate), F, C, R, 0, "model.layers.%d.mlp.gate_proj.weight", l);
+        en_layout_fused(b, gate_up, l);
+        en_layout_add(b, L(w_up), F, C, R, 0, "model.layers.%d.mlp.up_proj.weight", l);
+        en_layout_fused(b, gate_up, l);
+        en_layout_add(b, L(w_down), C, F, K, 0, "model.layers.%d.mlp.down_proj.weight", l);
+#undef L
+    }
+    en_layout_add(b, w ? &w->out_norm : NULL, C, 0, W, RN, "model.norm.weight", 0);
+    if (!hp->tie_embeddings)
+        en_layout_add(b, w ? &w->lm_head : NULL, V, C, R, VOC, "lm_head.weight", 0);
+}
+
+static en_status phi3_config(json_t *root, const char *path, en_model_hparams *hp,
+                             en_err *err) {
+    EN_TRY(mistral_config(root, path, hp, err));
+    if (hp->qkv_bias || hp->mlp_bias)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: biases are not supported for phi3", path);
+    hp->fused_qkv = hp->fused_gate_up = 1;
+    return EN_OK;
+}
+
+static const en_lora_module k_phi3_lora[] = {
+    {"self_attn.qkv_proj", 0, 3}, {"self_attn.o_proj", 3, 1}, {"mlp.gate_up_proj", 4, 2},
+    {"mlp.down_proj", 6, 1},      {NULL, 0, 0},
+};
+
+const en_family en_family_phi3 = {.model_type = "phi3",
+    .config = phi3_config,
+    .layout = phi3_layout,
+    .layer_fwd = en_llama_layer_fwd,
+    .layer_bwd = en_llama_layer_bwd,
+    .lora_modules = k_phi3_lora};

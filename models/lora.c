@@ -11,7 +11,7 @@
 #include "../common/file.h"
 #include "../common/rng.h"
 #include "../common/safetensors.h"
-#include "model_impl.h"
+#include "family.h"
 
 static const struct {
     const char *name;   /* our short name */
@@ -66,6 +66,9 @@ struct en_lora {
     en_lora_pair *pairs; /* (n_layer, EN_LORA_N_TARGETS); A == NULL when not adapted */
     lora_tensor *tensors;
     int n_tensors;
+    const char **modules; /* PEFT target_modules: the family's module names adapted */
+    int n_modules;
+    int fan_in_fan_out;   /* PEFT's flag for Conv1D bases */
 };
 
 /* in/out features of target i for these hyper-parameters */
@@ -83,6 +86,28 @@ static void target_dims(const en_model_hparams *hp, int i, int *in, int *out) {
     }
 }
 
+/* The modules of hp's family that cfg adapts, checking that a fused
+ * module is adapted whole (PEFT adapts modules, not slices of them). */
+static en_status chosen_modules(const en_model_hparams *hp, unsigned targets,
+                                const en_lora_module **mods, const char **prefix, en_err *err) {
+    const en_family *fam = en_family_find(hp->model_type);
+    *mods = en_family_lora_modules(fam, prefix);
+    unsigned covered = 0;
+    for (const en_lora_module *md = *mods; md->path; md++) {
+        unsigned bits = ((1u << md->n_targets) - 1) << md->target;
+        covered |= bits;
+        if ((targets & bits) && (targets & bits) != bits)
+            return EN_ERR(err, EN_ERR_ARG,
+                          "%s fuses %d targets in '%s': adapt all of them or none (LoRA adapts "
+                          "whole modules)",
+                          hp->model_type, md->n_targets, md->path);
+    }
+    if (targets & ~covered)
+        return EN_ERR(err, EN_ERR_ARG, "%s has no module for LoRA target '%s'", hp->model_type,
+                      k_targets[__builtin_ctz(targets & ~covered)].name);
+    return EN_OK;
+}
+
 en_status en_lora_create(en_backend *be, const en_model_hparams *hp, const en_lora_config *cfg,
                          en_lora **out, en_err *err) {
     *out = NULL;
@@ -92,57 +117,69 @@ en_status en_lora_create(en_backend *be, const en_model_hparams *hp, const en_lo
         return EN_ERR(err, EN_ERR_ARG, "--lora-alpha must be positive");
     if (!cfg->targets || cfg->targets >= (1u << EN_LORA_N_TARGETS))
         return EN_ERR(err, EN_ERR_ARG, "no valid LoRA targets");
+    const en_lora_module *mods;
+    const char *prefix;
+    EN_TRY(chosen_modules(hp, cfg->targets, &mods, &prefix, err));
     en_lora *l = en_calloc(1, sizeof *l);
     if (!l) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     l->be = be;
     l->cfg = *cfg;
     l->hp = *hp;
-    int nt = 0;
-    for (int i = 0; i < EN_LORA_N_TARGETS; i++) nt += (cfg->targets >> i) & 1;
+    l->fan_in_fan_out = en_family_find(hp->model_type)->peft_fan_in_fan_out;
+    int nm = 0;
+    for (const en_lora_module *md = mods; md->path; md++) nm += (cfg->targets >> md->target) & 1;
     l->pairs = en_calloc((size_t)hp->n_layer * EN_LORA_N_TARGETS, sizeof(en_lora_pair));
-    l->tensors = en_calloc((size_t)hp->n_layer * (size_t)nt * 2, sizeof(lora_tensor));
-    if (!l->pairs || !l->tensors) goto oom;
-    size_t off = 0;
+    l->tensors = en_calloc((size_t)hp->n_layer * (size_t)nm * 2, sizeof(lora_tensor));
+    l->modules = en_calloc((size_t)(nm ? nm : 1), sizeof(const char *));
+    if (!l->pairs || !l->tensors || !l->modules) goto oom;
+    for (const en_lora_module *md = mods; md->path; md++)
+        if ((cfg->targets >> md->target) & 1) l->modules[l->n_modules++] = md->path;
     const size_t r = (size_t)cfg->rank;
-    for (int layer = 0; layer < hp->n_layer; layer++)
-        for (int i = 0; i < EN_LORA_N_TARGETS; i++) {
-            if (!((cfg->targets >> i) & 1)) continue;
-            int in, o;
-            target_dims(hp, i, &in, &o);
-            off += r * (size_t)in + (size_t)o * r;
+    for (int pass = 0; pass < 2; pass++) { /* sizes, then views */
+        size_t off = 0;
+        for (int layer = 0; layer < hp->n_layer; layer++)
+            for (const en_lora_module *md = mods; md->path; md++) {
+                if (!((cfg->targets >> md->target) & 1)) continue;
+                int in = 0, o_all = 0;
+                for (int k = 0; k < md->n_targets; k++) {
+                    int o;
+                    target_dims(hp, md->target + k, &in, &o);
+                    if (pass) { /* member k: B's rows [o_all, o_all + o) */
+                        en_lora_pair *p = &l->pairs[layer * EN_LORA_N_TARGETS + md->target + k];
+                        p->in = in;
+                        p->out = o;
+                        p->rank = cfg->rank;
+                        p->A = l->data + off;
+                        p->B = l->data + off + r * (size_t)in + (size_t)o_all * r;
+                    }
+                    o_all += o;
+                }
+                if (pass) {
+                    char mod[64];
+                    snprintf(mod, sizeof mod, prefix, layer);
+                    lora_tensor *ta = &l->tensors[l->n_tensors++];
+                    snprintf(ta->name, sizeof ta->name, "base_model.model.%.50s%.40s.lora_A.weight", mod,
+                             md->path);
+                    ta->data = l->data + off;
+                    ta->shape[0] = cfg->rank;
+                    ta->shape[1] = in;
+                    ta->target = md->target;
+                    lora_tensor *tb = &l->tensors[l->n_tensors++];
+                    snprintf(tb->name, sizeof tb->name, "base_model.model.%.50s%.40s.lora_B.weight", mod,
+                             md->path);
+                    tb->data = l->data + off + r * (size_t)in;
+                    tb->shape[0] = o_all;
+                    tb->shape[1] = cfg->rank;
+                    tb->target = md->target;
+                }
+                off += r * (size_t)in + (size_t)o_all * r;
+            }
+        if (!pass) {
+            l->n = off;
+            l->data = en_backend_alloc(be, (off ? off : 1) * sizeof(float));
+            if (!l->data) goto oom;
         }
-    l->n = off;
-    l->data = en_backend_alloc(be, off * sizeof(float));
-    if (!l->data) goto oom;
-    off = 0;
-    for (int layer = 0; layer < hp->n_layer; layer++)
-        for (int i = 0; i < EN_LORA_N_TARGETS; i++) {
-            if (!((cfg->targets >> i) & 1)) continue;
-            int in, o;
-            target_dims(hp, i, &in, &o);
-            en_lora_pair *p = &l->pairs[layer * EN_LORA_N_TARGETS + i];
-            p->in = in;
-            p->out = o;
-            p->rank = cfg->rank;
-            p->A = l->data + off;
-            off += r * (size_t)in;
-            p->B = l->data + off;
-            off += (size_t)o * r;
-            lora_tensor *ta = &l->tensors[l->n_tensors++];
-            snprintf(ta->name, sizeof ta->name, "base_model.model.model.layers.%d.%s.lora_A.weight",
-                     layer, k_targets[i].module);
-            ta->data = p->A;
-            ta->shape[0] = cfg->rank;
-            ta->shape[1] = in;
-            ta->target = i;
-            lora_tensor *tb = &l->tensors[l->n_tensors++];
-            snprintf(tb->name, sizeof tb->name, "base_model.model.model.layers.%d.%s.lora_B.weight",
-                     layer, k_targets[i].module);
-            tb->data = p->B;
-            tb->shape[0] = o;
-            tb->shape[1] = cfg->rank;
-            tb->target = i;
-        }
+    }
     *out = l;
     return EN_OK;
 oom:
@@ -155,6 +192,7 @@ void en_lora_destroy(en_lora *l) {
     if (l->data) en_backend_free(l->be, l->data);
     en_free(l->pairs);
     en_free(l->tensors);
+    en_free(l->modules);
     en_free(l);
 }
 
@@ -221,13 +259,15 @@ en_status en_lora_save_peft(const en_lora *l, const char *base_model_dir, const 
     json_object_set_new(r, "lora_alpha", json_real(l->cfg.alpha));
     json_object_set_new(r, "lora_dropout", json_real(0.0));
     json_object_set_new(r, "bias", json_string("none"));
-    json_object_set_new(r, "fan_in_fan_out", json_false());
+    json_object_set_new(r, "fan_in_fan_out", json_boolean(l->fan_in_fan_out));
     json_object_set_new(r, "inference_mode", json_true());
     json_object_set_new(r, "base_model_name_or_path",
                         json_string(base_model_dir ? base_model_dir : ""));
     json_t *tm = json_array();
-    for (int i = 0; i < EN_LORA_N_TARGETS; i++)
-        if ((l->cfg.targets >> i) & 1) json_array_append_new(tm, json_string(k_targets[i].peft));
+    for (int i = 0; i < l->n_modules; i++) { /* PEFT's entry: the module's last name */
+        const char *dot = strrchr(l->modules[i], '.');
+        json_array_append_new(tm, json_string(dot ? dot + 1 : l->modules[i]));
+    }
     json_object_set_new(r, "target_modules", tm);
     char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(r);
@@ -259,6 +299,21 @@ done:
     en_free(items);
     en_free(host);
     return s;
+}
+
+/* The target bits of the family's modules whose last name is `name`
+ * (PEFT matches target_modules entries against module name suffixes:
+ * GPT-2's "c_proj" is both attn.c_proj and mlp.c_proj), or 0. */
+static unsigned module_bits(const en_model_hparams *hp, const char *name) {
+    const char *prefix;
+    unsigned bits = 0;
+    for (const en_lora_module *md = en_family_lora_modules(en_family_find(hp->model_type), &prefix);
+         md->path; md++) {
+        const char *dot = strrchr(md->path, '.');
+        if (strcmp(dot ? dot + 1 : md->path, name) == 0)
+            bits |= ((1u << md->n_targets) - 1) << md->target;
+    }
+    return bits;
 }
 
 en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const char *dir,
@@ -298,27 +353,32 @@ en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const ch
                    "%s: needs integer 'r', number 'lora_alpha' and array 'target_modules'", cp);
         goto done;
     }
-    static const char *const unsupported[] = {"use_rslora", "use_dora", "fan_in_fan_out"};
+    static const char *const unsupported[] = {"use_rslora", "use_dora"};
     for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
         if (json_is_true(json_object_get(root, unsupported[u]))) {
             s = EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: %s=true is not supported", cp,
                        unsupported[u]);
             goto done;
         }
-    json_t *fi = json_object_get(root, "fan_in_fan_out");
-    if (json_is_true(fi)) {
-        s = EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: fan_in_fan_out=true is not supported", cp);
+    const en_family *fam = en_family_find(hp->model_type);
+    if (json_is_true(json_object_get(root, "fan_in_fan_out")) && !fam->peft_fan_in_fan_out) {
+        /* PEFT's flag for Conv1D weights stored (in, out): only GPT-2 has them */
+        s = EN_ERR(err, EN_ERR_UNSUPPORTED,
+                   "%s: fan_in_fan_out=true is not supported for %s (its weights are (out, in))",
+                   cp, hp->model_type);
         goto done;
     }
     en_lora_config cfg = {(int)json_integer_value(jr), (float)json_number_value(ja), 0};
     size_t i;
     json_t *v;
     json_array_foreach(jt, i, v) {
-        unsigned m = 0;
-        if (!json_is_string(v) || en_lora_targets_parse(json_string_value(v), &m, err) != EN_OK) {
-            s = EN_ERR(err, EN_ERR_FORMAT, "%s: target_modules[%zu] is not one of q_proj, k_proj, "
-                                           "v_proj, o_proj, gate_proj, up_proj, down_proj",
-                       cp, i);
+        unsigned m = json_is_string(v) ? module_bits(hp, json_string_value(v)) : 0;
+        if (!m && (!json_is_string(v) ||
+                   en_lora_targets_parse(json_string_value(v), &m, err) != EN_OK)) {
+            s = EN_ERR(err, EN_ERR_FORMAT,
+                       "%s: target_modules[%zu] names no module of %s (q_proj, k_proj, v_proj, "
+                       "o_proj, gate_proj, up_proj, down_proj or the family's fused names)",
+                       cp, i, hp->model_type);
             goto done;
         }
         cfg.targets |= m;

@@ -132,6 +132,156 @@ static const en_st_tensor *shards_find(const shard_set *ss, const char *name, co
     return NULL;
 }
 
+/* The whole model's shape of a tensor this rank holds a shard of: its
+ * shape times the parts along the declared split (the vocabulary: its
+ * real size, not the padded one). */
+static void full_shape(const en_model *m, const en_param_spec *sp, int64_t *d0, int64_t *d1) {
+    int split = m->tp_size > 1 ? sp->split : 0;
+    int parts, idx;
+    en_model_tp_row_block(m, sp->name, &parts, &idx);
+    *d0 = sp->shape[0] * (split == EN_SPLIT_ROWS ? parts : 1);
+    if (split == EN_SPLIT_ROWS && (sp->flags & EN_PARAM_VOCAB)) *d0 = m->hp.n_vocab;
+    *d1 = sp->shape[1] * (split == EN_SPLIT_COLS ? m->tp_size : 1);
+}
+
+/* What the checkpoint must hold for spec sp: the file tensor's name and
+ * shape (a fused block's whole tensor; Conv1D's (in, out) orientation). */
+static void file_shape(const en_model *m, const en_param_spec *sp, const char **name,
+                       int *n_dims, int64_t shape[2]) {
+    int64_t d0, d1;
+    full_shape(m, sp, &d0, &d1);
+    if (sp->src[0]) d0 = sp->src_rows;
+    *name = sp->src[0] ? sp->src : sp->name;
+    *n_dims = sp->n_dims;
+    shape[0] = (sp->flags & EN_PARAM_TRANSPOSED) ? d1 : d0;
+    shape[1] = (sp->flags & EN_PARAM_TRANSPOSED) ? d0 : d1;
+}
+
+static en_status check_tensor(const en_model *m, const shard_set *ss, const en_param_spec *sp,
+                              const char *dir, size_t *n_elem, en_err *err) {
+    const char *name, *file = NULL;
+    int nd;
+    int64_t want[2];
+    file_shape(m, sp, &name, &nd, want);
+    const en_st_tensor *t = shards_find(ss, name, &file);
+    if (!t)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing from the checkpoint", dir,
+                      name);
+    int shape_ok = t->n_dims == nd && t->shape[0] == want[0] && (nd == 1 || t->shape[1] == want[1]);
+    if (!shape_ok) {
+        char got[128] = "", exp[64];
+        size_t k = 0;
+        for (int d = 0; d < t->n_dims && k < sizeof got - 24; d++)
+            k += (size_t)snprintf(got + k, sizeof got - k, "%s%lld", d ? ", " : "",
+                                  (long long)t->shape[d]);
+        if (nd == 1)
+            snprintf(exp, sizeof exp, "%lld", (long long)want[0]);
+        else
+            snprintf(exp, sizeof exp, "%lld, %lld", (long long)want[0], (long long)want[1]);
+        return EN_ERR(err, EN_ERR_FORMAT,
+                      "%s: tensor '%s' has shape [%s] but config.json implies [%s]", file, name,
+                      got, exp);
+    }
+    if (t->dtype != EN_DTYPE_F32 && t->dtype != EN_DTYPE_F16 && t->dtype != EN_DTYPE_BF16)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' has dtype %s (need F32, F16 or BF16)",
+                      file, name, en_dtype_name(t->dtype));
+    *n_elem = (size_t)t->n_elem;
+    return EN_OK;
+}
+
+/* This rank's slice of whole (d0, d1: the whole model's shape) into dst. */
+static void tp_slice_rows_cols(const en_model *m, const en_param_spec *sp, const float *whole,
+                               int64_t d0, int64_t d1, float *dst) {
+    int split = m->tp_size > 1 ? sp->split : 0;
+    size_t cols = (size_t)(d1 ? d1 : 1);
+    if (split == EN_SPLIT_ROWS && (sp->flags & EN_PARAM_VOCAB)) {
+        /* vocab rows [r*Vl, (r+1)*Vl), zero past vocab_size (padding) */
+        size_t Vl = (size_t)m->hl.n_vocab, v0 = (size_t)m->tp_rank * Vl, V = (size_t)d0;
+        size_t have = v0 >= V ? 0 : (V - v0 < Vl ? V - v0 : Vl);
+        memcpy(dst, whole + v0 * cols, have * cols * sizeof(float));
+        memset(dst + have * cols, 0, (Vl - have) * cols * sizeof(float));
+    } else if (split == EN_SPLIT_ROWS) { /* one contiguous block of rows */
+        int parts, idx;
+        en_model_tp_row_block(m, sp->name, &parts, &idx);
+        memcpy(dst, whole + (size_t)idx * sp->n_elem, sp->n_elem * sizeof(float));
+    } else if (split == EN_SPLIT_COLS) { /* this rank's slice of every row */
+        size_t rows = (size_t)sp->shape[0], cl = (size_t)sp->shape[1];
+        for (size_t rr = 0; rr < rows; rr++)
+            memcpy(dst + rr * cl, whole + rr * cols + (size_t)m->tp_rank * cl, cl * sizeof(float));
+    } else {
+        memcpy(dst, whole, sp->n_elem * sizeof(float));
+    }
+}
+
+/* Read spec sp's tensor (or its block of a fused one), turn it to the
+ * model's orientation, slice this rank's part and upload it. staging
+ * holds 3 * cap floats. */
+static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp, float *staging,
+                             size_t cap, en_err *err) {
+    const char *name, *file;
+    int nd;
+    int64_t fs[2], d0, d1;
+    file_shape(m, sp, &name, &nd, fs);
+    full_shape(m, sp, &d0, &d1);
+    const en_st_tensor *t = shards_find(ss, name, &file);
+    EN_TRY(en_st_to_f32(t, staging, err));
+    float *whole = staging;
+    if (sp->flags & EN_PARAM_TRANSPOSED) { /* (in, out) -> (out, in) */
+        float *tr = staging + cap;
+        for (int64_t i = 0; i < fs[0]; i++)
+            for (int64_t j = 0; j < fs[1]; j++) tr[j * fs[0] + i] = staging[i * fs[1] + j];
+        whole = tr;
+    }
+    if (sp->src[0]) whole += (size_t)sp->src_row0 * (size_t)(d1 ? d1 : 1);
+    float *dst = staging + 2 * cap;
+    tp_slice_rows_cols(m, sp, whole, d0, d1, dst);
+    en_backend_upload(m->be, m->params + sp->offset, dst, sp->n_elem * sizeof(float));
+    if (sp->slot) *sp->slot = m->params + sp->offset;
+    return EN_OK;
+}
+
+/* Every tensor of the layout from the checkpoint into m->params (sliced
+ * for this rank): all checked first, so a wrong checkpoint fails before
+ * anything is written and names the tensor. */
+static en_status read_weights(en_model *m, const shard_set *ss, const char *where, en_err *err) {
+    /* fused blocks: where each starts in its checkpoint tensor */
+    int64_t *rows0 = en_malloc((size_t)m->n_specs * sizeof(int64_t));
+    if (!rows0) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->n_specs; i++) {
+        int64_t d1;
+        full_shape(m, &m->specs[i], &rows0[i], &d1);
+    }
+    en_model_fuse_offsets(m->specs, m->n_specs, rows0);
+    en_free(rows0);
+    size_t max_elem = 0;
+    for (int i = 0; i < m->n_specs; i++) {
+        size_t ne = 0;
+        EN_TRY(check_tensor(m, ss, &m->specs[i], where, &ne, err));
+        if (ne > max_elem) max_elem = ne;
+    }
+    /* room for a whole file tensor, its transpose and this rank's slice */
+    float *staging = en_malloc(3 * (max_elem ? max_elem : 1) * sizeof(float));
+    if (!staging) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", where);
+    en_status s = EN_OK;
+    for (int i = 0; i < m->n_specs && s == EN_OK; i++)
+        s = load_tensor(m, ss, &m->specs[i], staging, max_elem, err);
+    en_free(staging);
+    return s;
+}
+
+en_status en_model_load_weights(en_model *m, const char *path, en_err *err) {
+    shard_set ss = {0};
+    ss.files = en_calloc(1, sizeof(en_st_file));
+    if (!ss.files) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    en_status s = en_st_open(path, &ss.files[0], err);
+    if (s == EN_OK) {
+        ss.n = 1;
+        s = read_weights(m, &ss, path, err);
+    }
+    shards_close(&ss);
+    return s;
+}
+
 en_status en_model_load(const char *dir, const en_model_params *params, en_model **out,
                         en_err *err) {
     *out = NULL;
@@ -141,7 +291,6 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     char *cfg_text = NULL;
     size_t cfg_len = 0;
     shard_set ss = {0};
-    float *staging = NULL;
     en_model *m = en_calloc(1, sizeof *m);
     if (!cfg_path || !m) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
@@ -152,6 +301,9 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     if (s != EN_OK) goto fail;
     s = en_model_hparams_parse(cfg_text, cfg_len, cfg_path, &m->hp, err);
     if (s != EN_OK) goto fail;
+    m->config_text = cfg_text; /* kept: written out again with the weights */
+    m->config_len = cfg_len;
+    cfg_text = NULL;
     m->w.layers = en_calloc((size_t)m->hp.n_layer, sizeof(en_layer_w));
     if (!m->w.layers) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
@@ -173,90 +325,13 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     s = shards_open(dir, &ss, err);
     if (s != EN_OK) goto fail;
 
-    /* Check every tensor before allocating the weights: a wrong checkpoint
-     * fails fast and names the tensor. */
-    size_t max_elem = 0;
-    for (int i = 0; i < m->n_specs; i++) {
-        const en_param_spec *sp = &m->specs[i];
-        const char *file = NULL;
-        const en_st_tensor *t = shards_find(&ss, sp->name, &file);
-        if (!t) {
-            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing from the checkpoint", dir,
-                       sp->name);
-            goto fail;
-        }
-        /* the full tensor: this rank's shape times tp_size along the split */
-        int split = m->tp_size > 1 ? sp->split : 0;
-        int parts, idx;
-        en_model_tp_row_block(m, sp->name, &parts, &idx);
-        int64_t full0 = sp->shape[0] * (split == 1 ? parts : 1);
-        if (split == 1 && (sp->flags & EN_PARAM_VOCAB)) full0 = m->hp.n_vocab; /* padded */
-        int64_t full1 = sp->shape[1] * (split == 2 ? m->tp_size : 1);
-        int shape_ok = t->n_dims == sp->n_dims && t->shape[0] == full0 &&
-                       (sp->n_dims == 1 || t->shape[1] == full1);
-        if (!shape_ok) {
-            char got[128] = "", want[64];
-            size_t k = 0;
-            for (int d = 0; d < t->n_dims && k < sizeof got - 24; d++)
-                k += (size_t)snprintf(got + k, sizeof got - k, "%s%lld", d ? ", " : "",
-                                      (long long)t->shape[d]);
-            if (sp->n_dims == 1)
-                snprintf(want, sizeof want, "%lld", (long long)full0);
-            else
-                snprintf(want, sizeof want, "%lld, %lld", (long long)full0, (long long)full1);
-            s = EN_ERR(err, EN_ERR_FORMAT,
-                       "%s: tensor '%s' has shape [%s] but config.json implies [%s]", file,
-                       sp->name, got, want);
-            goto fail;
-        }
-        if (t->dtype != EN_DTYPE_F32 && t->dtype != EN_DTYPE_F16 && t->dtype != EN_DTYPE_BF16) {
-            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' has dtype %s (need F32, F16 or BF16)",
-                       file, sp->name, en_dtype_name(t->dtype));
-            goto fail;
-        }
-        if ((size_t)t->n_elem > max_elem) max_elem = (size_t)t->n_elem;
-    }
-
     m->params = en_backend_alloc(m->be, m->n_params * sizeof(float));
-    /* room for a whole tensor and, for column slices, the slice beside it */
-    staging = en_malloc(2 * max_elem * sizeof(float));
-    if (!m->params || !staging) {
+    if (!m->params) {
         s = EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
         goto fail;
     }
-    for (int i = 0; i < m->n_specs; i++) {
-        en_param_spec *sp = &m->specs[i];
-        const char *file = NULL;
-        const en_st_tensor *t = shards_find(&ss, sp->name, &file);
-        s = en_st_to_f32(t, staging, err);
-        if (s != EN_OK) goto fail;
-        int split = m->tp_size > 1 ? sp->split : 0;
-        const float *src = staging;
-        if (split == 1 && (sp->flags & EN_PARAM_VOCAB)) {
-            /* vocab rows [r*Vl, (r+1)*Vl), zero past vocab_size (padding) */
-            size_t Vl = (size_t)m->hl.n_vocab, C = (size_t)sp->shape[1];
-            size_t v0 = (size_t)m->tp_rank * Vl, V = (size_t)m->hp.n_vocab;
-            size_t have = v0 >= V ? 0 : (V - v0 < Vl ? V - v0 : Vl);
-            float *dst = staging + (size_t)t->n_elem;
-            memcpy(dst, staging + v0 * C, have * C * sizeof(float));
-            memset(dst + have * C, 0, (Vl - have) * C * sizeof(float));
-            src = dst;
-        } else if (split == 1) { /* rows: one contiguous block */
-            int parts, idx;
-            en_model_tp_row_block(m, sp->name, &parts, &idx);
-            src = staging + (size_t)idx * sp->n_elem;
-        } else if (split == 2) { /* columns: this rank's slice of every row */
-            size_t rows = (size_t)sp->shape[0], cl = (size_t)sp->shape[1];
-            float *dst = staging + (size_t)t->n_elem; /* second half of staging */
-            for (size_t rr = 0; rr < rows; rr++)
-                memcpy(dst + rr * cl, staging + rr * cl * (size_t)m->tp_size +
-                                          (size_t)m->tp_rank * cl,
-                       cl * sizeof(float));
-            src = dst;
-        }
-        en_backend_upload(m->be, m->params + sp->offset, src, sp->n_elem * sizeof(float));
-        *sp->slot = m->params + sp->offset;
-    }
+    s = read_weights(m, &ss, dir, err);
+    if (s != EN_OK) goto fail;
     if (m->hp.tie_embeddings) m->w.lm_head = m->w.tok_embd;
     s = en_rope_init(m, err);
     if (s != EN_OK) goto fail;
@@ -274,14 +349,12 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         en_backend_upload(m->be, m->ones, ones, n * sizeof(float));
         en_free(ones);
     }
-    en_free(staging);
     shards_close(&ss);
     en_free(cfg_text);
     en_free(cfg_path);
     *out = m;
     return EN_OK;
 fail:
-    en_free(staging);
     shards_close(&ss);
     en_free(cfg_text);
     en_free(cfg_path);
@@ -292,6 +365,7 @@ fail:
 void en_model_destroy(en_model *m) {
     if (!m) return;
     en_rope_destroy(m);
+    en_free(m->config_text);
     en_backend_free(m->be, m->ones);
     en_backend_free(m->be, m->norm_w);
     if (m->params) en_backend_free(m->be, m->params);
@@ -319,27 +393,95 @@ float *en_model_param(en_model *m, const char *name, size_t *n_elem) {
     return NULL;
 }
 
-en_status en_model_save_safetensors(const en_model *m, const char *path, en_err *err) {
-    en_st_writer_item *items = en_calloc((size_t)m->n_specs, sizeof *items);
-    float *host = en_malloc(m->n_params * sizeof(float));
-    if (!items || !host) {
+int en_model_file_items(const en_param_spec *specs, int n, const float *host,
+                        en_st_writer_item **items_out, float **scratch_out) {
+    *items_out = NULL;
+    *scratch_out = NULL;
+    size_t extra = 0; /* floats of fused or transposed tensors rebuilt */
+    for (int i = 0; i < n; i++)
+        if (specs[i].src[0] || (specs[i].flags & EN_PARAM_TRANSPOSED)) extra += specs[i].n_elem;
+    en_st_writer_item *items = en_calloc((size_t)(n ? n : 1), sizeof *items);
+    float *scratch = en_malloc((extra ? extra : 1) * sizeof(float));
+    if (!items || !scratch) {
         en_free(items);
-        en_free(host);
-        return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        en_free(scratch);
+        return -1;
     }
+    int k = 0;
+    size_t used = 0;
+    for (int i = 0; i < n;) {
+        const en_param_spec *sp = &specs[i];
+        en_st_writer_item *it = &items[k++];
+        it->dtype = EN_DTYPE_F32;
+        it->n_dims = sp->n_dims;
+        it->shape[0] = sp->shape[0];
+        it->shape[1] = sp->shape[1];
+        it->name = sp->name;
+        it->data = host + sp->offset;
+        int j = i + 1;
+        if (!sp->src[0] && !(sp->flags & EN_PARAM_TRANSPOSED)) {
+            i = j;
+            continue;
+        }
+        /* the blocks of one fused tensor, one after the other */
+        for (; sp->src[0] && j < n && strcmp(specs[j].src, sp->src) == 0; j++) {}
+        float *dst = scratch + used;
+        size_t rows = 0, cols = (size_t)(sp->shape[1] ? sp->shape[1] : 1);
+        for (int b = i; b < j; b++) {
+            memcpy(dst + rows * cols, host + specs[b].offset, specs[b].n_elem * sizeof(float));
+            rows += (size_t)specs[b].shape[0];
+        }
+        used += rows * cols;
+        if (sp->src[0]) it->name = sp->src;
+        it->shape[0] = (int64_t)rows;
+        it->data = dst;
+        if (sp->flags & EN_PARAM_TRANSPOSED) { /* back to (in, out) */
+            float *tr = en_malloc(rows * cols * sizeof(float));
+            if (!tr) {
+                en_free(items);
+                en_free(scratch);
+                return -1;
+            }
+            for (size_t r = 0; r < rows; r++)
+                for (size_t c = 0; c < cols; c++) tr[c * rows + r] = dst[r * cols + c];
+            memcpy(dst, tr, rows * cols * sizeof(float));
+            en_free(tr);
+            it->shape[0] = (int64_t)cols;
+            it->shape[1] = (int64_t)rows;
+        }
+        i = j;
+    }
+    *items_out = items;
+    *scratch_out = scratch;
+    return k;
+}
+
+en_status en_model_save_safetensors(const en_model *m, const char *path, en_err *err) {
+    float *host = en_malloc(m->n_params * sizeof(float));
+    if (!host) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     en_backend_download(m->be, host, m->params, m->n_params * sizeof(float));
-    for (int i = 0; i < m->n_specs; i++) {
-        const en_param_spec *sp = &m->specs[i];
-        items[i].name = sp->name;
-        items[i].dtype = EN_DTYPE_F32;
-        items[i].n_dims = sp->n_dims;
-        items[i].shape[0] = sp->shape[0];
-        items[i].shape[1] = sp->shape[1];
-        items[i].data = host + sp->offset;
-    }
-    en_status s = en_st_write(path, items, m->n_specs, EN_DTYPE_F32, err);
+    en_st_writer_item *items;
+    float *scratch;
+    int n = en_model_file_items(m->specs, m->n_specs, host, &items, &scratch);
+    en_status s = n < 0 ? EN_ERR(err, EN_ERR_NOMEM, "out of memory")
+                        : en_st_write(path, items, n, EN_DTYPE_F32, err);
     en_free(items);
+    en_free(scratch);
     en_free(host);
+    return s;
+}
+
+const char *en_model_file_tensor(const en_model *m, const char *name, int64_t *row0) {
+    const en_param_spec *sp = en_model_find_spec(m, name);
+    if (row0) *row0 = sp && sp->src[0] ? sp->src_row0 : 0;
+    return sp && sp->src[0] ? sp->src : name;
+}
+
+en_status en_model_write_config(const en_model *m, const char *dir, en_err *err) {
+    char *path = en_path_join(dir, "config.json");
+    if (!path) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    en_status s = en_file_write_atomic(path, m->config_text, m->config_len, err);
+    en_free(path);
     return s;
 }
 

@@ -73,6 +73,8 @@ typedef struct en_model_hparams {
     int mlp_bias;        /* gate/up/down have biases (llama mlp_bias) */
     int qk_norm;         /* RMSNorm over each query / key head before RoPE (qwen3, gemma3) */
     int act;             /* EN_ACT_*: the MLP gate's activation */
+    int fused_qkv;       /* the checkpoint fuses q/k/v (phi3 qkv_proj, gpt2 c_attn) */
+    int fused_gate_up;   /* ... and gate/up (phi3 gate_up_proj) */
     int post_norms;      /* norms after attention and after the MLP too (gemma2/3) */
     int norm_plus1;      /* norms compute x * (1 + w) (gemma) */
     float embed_scale;   /* the embedding is multiplied by it (gemma: sqrt(C)); 0: not */
@@ -161,9 +163,22 @@ size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per tok
  * count, or NULL. For tests and exporters. */
 float *en_model_param(en_model *m, const char *name, size_t *n_elem);
 
-/* Write every weight (float32, Hugging Face names and shapes) to one
- * safetensors file, atomically. Tied embeddings are written once. */
+/* Write every weight (float32, Hugging Face names and shapes, fused and
+ * oriented as the family's checkpoints store them) to one safetensors
+ * file, atomically. Tied embeddings are written once. */
 en_status en_model_save_safetensors(const en_model *m, const char *path, en_err *err);
+/* The checkpoint tensor holding the tensor of this name: its own name, or
+ * for a block of a fused tensor (Phi-3's q_proj in qkv_proj) the fused
+ * tensor's name, with *row0 the block's first row there (whole model). */
+const char *en_model_file_tensor(const en_model *m, const char *name, int64_t *row0);
+/* Read every weight again from one safetensors file written by
+ * en_model_save_safetensors (or a Hugging Face checkpoint of the same
+ * model), sliced for this rank like en_model_load; checked before anything
+ * is overwritten (resuming a checkpoint). */
+en_status en_model_load_weights(en_model *m, const char *path, en_err *err);
+/* Write dir/config.json: the config.json the model was loaded from, as it
+ * was (every field a tool reading the directory needs), atomically. */
+en_status en_model_write_config(const en_model *m, const char *dir, en_err *err);
 
 /* ---- inference context: KV cache plus activation scratch ----
  * One context holds one sequence. Not thread-safe; one per thread. */

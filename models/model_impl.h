@@ -5,6 +5,7 @@
 #ifndef EN_MODEL_IMPL_H
 #define EN_MODEL_IMPL_H
 
+#include "../common/safetensors.h"
 #include "lora.h"
 #include "model.h"
 
@@ -51,6 +52,7 @@ enum {
                                    parallelism each rank's gradient covers its rows */
     EN_PARAM_HEAD_NORM = 1 << 5, /* a per-head norm (q/k): under tensor parallelism
                                     each rank's gradient covers its heads */
+    EN_PARAM_TRANSPOSED = 1 << 6, /* stored (in, out): GPT-2's Conv1D */
 };
 
 /* One named tensor of the layout: Hugging Face name, shape (this rank's),
@@ -65,8 +67,10 @@ typedef struct en_param_spec {
     float **slot;
     int split;      /* EN_SPLIT_* */
     unsigned flags; /* EN_PARAM_* */
-    /* A block of a fused checkpoint tensor (src[0] != 0): rows
-     * [src_row0, src_row0 + src_rows) of the file tensor named src. */
+    /* A block of a fused checkpoint tensor (src[0] != 0): its rows start at
+     * row src_row0 of the file tensor named src, which has src_rows rows
+     * (in the model's orientation) in all; whole-model counts, set by
+     * en_model_fuse_offsets from the blocks' order. */
     char src[96];
     int64_t src_row0, src_rows;
 } en_param_spec;
@@ -89,6 +93,8 @@ struct en_model {
     en_weights w;
     struct en_rope_rt *rope; /* rope.c: the frequency tables */
     float *ones, *norm_w;    /* norm_plus1: (max(C, D)) ones, and 1 + w scratch */
+    char *config_text;       /* the config.json it was loaded from */
+    size_t config_len;
     const en_lora *lora;     /* borrowed adapter, or NULL */
 };
 
@@ -301,6 +307,18 @@ struct en_ctx {
     float *lg_local;    /* (B, V/tp) this rank's logits, gathered into logits */
     float *lg_gather;   /* (tp, B, V/tp) the all-gather's result */
 };
+
+/* Writer items for the weights at host (laid out as specs) the way a
+ * checkpoint stores them: fused blocks concatenated under their file
+ * tensor's name, Conv1D weights transposed back to (in, out). *items and
+ * *scratch are en_malloc'd (free both after writing). Returns the number of
+ * items, -1 when out of memory. */
+int en_model_file_items(const en_param_spec *specs, int n, const float *host,
+                        en_st_writer_item **items, float **scratch);
+
+/* Set src_row0 / src_rows of fused blocks from the whole-model row counts
+ * rows0[i] of specs[i] (consecutive blocks with the same src). */
+void en_model_fuse_offsets(en_param_spec *specs, int n, const int64_t *rows0);
 
 /* Build the parameter table of a model of hyper-parameters hp (a rank's
  * shard); *specs is en_malloc'd. When w is not NULL (its layers array of

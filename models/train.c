@@ -77,6 +77,11 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
                       "tp %d",
                       cfg->batch, cfg->seq_len, m->tp_size);
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "batch must be >= 1");
+    if (m->tp_size > 1 && m->lora && (hp->fused_qkv || hp->fused_gate_up))
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "LoRA on %s's fused modules (qkv_proj, gate_up_proj) under tensor "
+                      "parallelism is not supported yet: train it with --tp 1",
+                      hp->model_type);
     if (cfg->seq_len < 1 || cfg->seq_len > hp->max_pos)
         return EN_ERR(err, EN_ERR_ARG, "--seq-len %d must be in [1, %d] (max_position_embeddings)",
                       cfg->seq_len, hp->max_pos);
