@@ -253,6 +253,7 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
     en_paged_step pg = {n_seqs, b->tok_off, b->n_keys, b->kv_rows, b->kv_off, b->store_rows,
                         b->k_new, b->v_new};
     en_embed_fwd(m, b->x, b->ids, n, NULL);
+    en_embed_pos_fwd(m, b->x, b->pos, n, b->xn);
     en_layer_acts a = en_infer_acts(b->xn, b->q, b->att, b->gate, b->up, b->tmp, b->lora_u);
     a.pg = &pg;
     const size_t layer_rows = kv->rows * kv->kvd;
@@ -267,8 +268,7 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
             en_backend_copy(be, b->xsel + (size_t)nr++ * C,
                             b->x + (size_t)(b->tok_off[s + 1] - 1) * C, (size_t)C * sizeof(float));
     if (!nr) return EN_OK;
-    en_op_rmsnorm(be, b->xsel, b->xsel, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, nr,
-                  C);
+    en_out_norm_fwd(m, b->xsel, b->xsel, nr);
     en_logits_fwd(m, b->lg, b->xsel, nr, V);
     nr = 0;
     for (int s = 0; s < n_seqs; s++) /* to the caller's host rows */

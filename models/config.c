@@ -94,6 +94,7 @@ static en_status parse(json_t *root, const char *path, en_model_hparams *hp, en_
         return EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: unknown model_type '%s' (supported: %s)", path,
                       json_string_value(mt), en_family_names());
     snprintf(hp->model_type, sizeof hp->model_type, "%s", fam->model_type);
+    if (fam->prepare) EN_TRY(fam->prepare(root, path, err));
     EN_TRY(get_pos_int(root, "vocab_size", path, &hp->n_vocab, err));
     EN_TRY(get_pos_int(root, "hidden_size", path, &hp->n_embd, err));
     EN_TRY(get_pos_int(root, "num_hidden_layers", path, &hp->n_layer, err));

@@ -65,3 +65,17 @@ void en_embed_bwd(const en_model *m, float *dtable, float *dx, const int32_t *id
         }
     en_op_embedding_bwd(m->be, dtable, scratch, ids_local, n, C);
 }
+
+void en_embed_pos_fwd(const en_model *m, float *x, const int32_t *pos, int n, float *scratch) {
+    if (!m->w.pos_embd) return;
+    /* the rows of the position table, added like a second embedding; the
+     * table is whole on every rank */
+    const int C = m->hp.n_embd;
+    en_op_embedding(m->be, scratch, m->w.pos_embd, pos, n, C);
+    en_op_add(m->be, x, x, scratch, (size_t)n * C);
+}
+
+void en_embed_pos_bwd(const en_model *m, float *dpos, const float *dx, const int32_t *pos, int n) {
+    if (!m->w.pos_embd || !dpos) return;
+    en_op_embedding_bwd(m->be, dpos, dx, pos, n, m->hp.n_embd);
+}

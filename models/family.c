@@ -15,6 +15,7 @@ static const en_family *const k_families[] = {
     &en_family_gemma2,
     &en_family_gemma3,
     &en_family_phi3,
+    &en_family_gpt2,
 };
 #define N_FAMILIES (sizeof k_families / sizeof k_families[0])
 

@@ -51,6 +51,9 @@ typedef struct en_lora_module {
 
 typedef struct en_family {
     const char *model_type;
+    /* optional: rewrite config.json's own names into the ones config.c
+     * reads, before anything is read (GPT-2's n_embd, n_layer, ...) */
+    en_status (*prepare)(json_t *root, const char *path, en_err *err);
     en_status (*config)(json_t *root, const char *path, en_model_hparams *hp, en_err *err);
     void (*layout)(en_layout *b, const en_model_hparams *hp, en_weights *w);
     void (*layer_fwd)(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
@@ -96,6 +99,6 @@ const char *en_family_names(void);
 
 /* The families' entries (family_*.c). */
 extern const en_family en_family_llama, en_family_mistral, en_family_qwen2, en_family_qwen3,
-    en_family_gemma2, en_family_gemma3, en_family_phi3;
+    en_family_gemma2, en_family_gemma3, en_family_phi3, en_family_gpt2;
 
 #endif /* EN_FAMILY_H */

@@ -1,6 +1,6 @@
 /*
  * family_gemma.c - Gemma 2 and Gemma 3 (text) on the shared decoder layer
- * (layers_llama.c) with Gemma's pieces switched on through
+ * (layers_decoder.c) with Gemma's pieces switched on through
  * hyper-parameters:
  *   - the embedding scaled by sqrt(hidden_size);
  *   - RMSNorms computing x * (1 + w) (norm_plus1: en_norm_weight);
@@ -153,10 +153,10 @@ static void gemma_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
 const en_family en_family_gemma2 = {.model_type = "gemma2",
     .config = gemma2_config,
     .layout = gemma_layout,
-    .layer_fwd = en_llama_layer_fwd,
-    .layer_bwd = en_llama_layer_bwd};
+    .layer_fwd = en_decoder_layer_fwd,
+    .layer_bwd = en_decoder_layer_bwd};
 const en_family en_family_gemma3 = {.model_type = "gemma3_text",
     .config = gemma3_config,
     .layout = gemma_layout,
-    .layer_fwd = en_llama_layer_fwd,
-    .layer_bwd = en_llama_layer_bwd};
+    .layer_fwd = en_decoder_layer_fwd,
+    .layer_bwd = en_decoder_layer_bwd};

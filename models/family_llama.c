@@ -1,6 +1,6 @@
 /*
  * family_llama.c - the family entries built on the Llama decoder layer
- * (layers_llama.c): llama, mistral, qwen2, qwen3, phi3. Each is its config.json fields
+ * (layers_decoder.c): llama, mistral, qwen2, qwen3, phi3. Each is its config.json fields
  * and its tensor layout; the layer code is shared.
  */
 #include <string.h>
@@ -124,23 +124,23 @@ static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
 const en_family en_family_llama = {.model_type = "llama",
     .config = llama_config,
     .layout = llama_layout,
-    .layer_fwd = en_llama_layer_fwd,
-    .layer_bwd = en_llama_layer_bwd};
+    .layer_fwd = en_decoder_layer_fwd,
+    .layer_bwd = en_decoder_layer_bwd};
 const en_family en_family_mistral = {.model_type = "mistral",
     .config = mistral_config,
     .layout = llama_layout,
-    .layer_fwd = en_llama_layer_fwd,
-    .layer_bwd = en_llama_layer_bwd};
+    .layer_fwd = en_decoder_layer_fwd,
+    .layer_bwd = en_decoder_layer_bwd};
 const en_family en_family_qwen2 = {.model_type = "qwen2",
     .config = qwen2_config,
     .layout = llama_layout,
-    .layer_fwd = en_llama_layer_fwd,
-    .layer_bwd = en_llama_layer_bwd};
+    .layer_fwd = en_decoder_layer_fwd,
+    .layer_bwd = en_decoder_layer_bwd};
 const en_family en_family_qwen3 = {.model_type = "qwen3",
     .config = qwen3_config,
     .layout = llama_layout,
-    .layer_fwd = en_llama_layer_fwd,
-    .layer_bwd = en_llama_layer_bwd};
+    .layer_fwd = en_decoder_layer_fwd,
+    .layer_bwd = en_decoder_layer_bwd};
 
 /* phi3: Llama's layer with q/k/v fused into one qkv_proj and gate/up into
  * gate_up_proj in the checkpoint; held as separate blocks, so that tensor
@@ -197,6 +197,6 @@ static const en_lora_module k_phi3_lora[] = {
 const en_family en_family_phi3 = {.model_type = "phi3",
     .config = phi3_config,
     .layout = phi3_layout,
-    .layer_fwd = en_llama_layer_fwd,
-    .layer_bwd = en_llama_layer_bwd,
+    .layer_fwd = en_decoder_layer_fwd,
+    .layer_bwd = en_decoder_layer_bwd,
     .lora_modules = k_phi3_lora};

@@ -14,6 +14,24 @@ const float *en_norm_weight(const en_model *m, const float *w, int n) {
     return m->norm_w;
 }
 
+void en_out_norm_fwd(const en_model *m, float *y, const float *x, int n) {
+    const int C = m->hp.n_embd;
+    if (m->hp.layer_norm)
+        en_op_layernorm(m->be, y, x, m->w.out_norm, m->w.out_norm_b, m->hp.norm_eps, n, C);
+    else
+        en_op_rmsnorm(m->be, y, x, en_norm_weight(m, m->w.out_norm, C), m->hp.norm_eps, n, C);
+}
+
+void en_out_norm_bwd(const en_model *m, float *dx, float *dw, float *db, const float *dy,
+                     const float *x, int n) {
+    const int C = m->hp.n_embd;
+    if (m->hp.layer_norm)
+        en_op_layernorm_bwd(m->be, dx, dw, db, dy, x, m->w.out_norm, m->hp.norm_eps, n, C);
+    else
+        en_op_rmsnorm_bwd(m->be, dx, dw, dy, x, en_norm_weight(m, m->w.out_norm, C),
+                          m->hp.norm_eps, n, C);
+}
+
 void en_logits_fwd(const en_model *m, float *logits, const float *xn, int nr, int V) {
     en_op_matmul(m->be, logits, xn, m->w.lm_head, NULL, nr, V, m->hp.n_embd);
     if (m->hp.final_softcap) /* Gemma 2: cap * tanh(logit / cap) */
@@ -45,6 +63,7 @@ void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *hos
 
     for (int t = 0; t < n; t++) c->pos[t] = p0 + t;
     en_embed_fwd(m, c->x, ids, n, c->ids_local);
+    en_embed_pos_fwd(m, c->x, c->pos, n, c->xn);
     en_layer_acts a = en_infer_acts(c->xn, c->q, c->att, c->gate, c->up, c->tmp, c->lora_u);
     for (int l = 0; l < hp->n_layer; l++)
         m->fam->layer_fwd(m, l, c->x, n, 1, c->pos, c->k_cache + (size_t)l * layer_cache,
@@ -56,7 +75,7 @@ void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *hos
      * the (V, C) projection, which dominates decode cost for small models. */
     const float *rows = want == 2 ? c->x : c->x + (size_t)(n - 1) * C;
     int nr = want == 2 ? n : 1;
-    en_op_rmsnorm(be, c->xn, rows, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, nr, C);
+    en_out_norm_fwd(m, c->xn, rows, nr);
     const int V = hp->n_vocab;
     if (m->tp_size == 1) {
         en_logits_fwd(m, c->logits, c->xn, nr, V);

@@ -132,6 +132,18 @@ static const en_st_tensor *shards_find(const shard_set *ss, const char *name, co
     return NULL;
 }
 
+/* A tensor of the checkpoint by its Hugging Face name; GPT-2 checkpoints
+ * on the Hub also store "transformer.h.0..." as "h.0..." (the base model's
+ * names), which is accepted too. */
+static const en_st_tensor *find_file_tensor(const shard_set *ss, const char *name,
+                                            const char **file) {
+    const en_st_tensor *t = shards_find(ss, name, file);
+    static const char pre[] = "transformer.";
+    if (!t && strncmp(name, pre, sizeof pre - 1) == 0)
+        t = shards_find(ss, name + sizeof pre - 1, file);
+    return t;
+}
+
 /* The whole model's shape of a tensor this rank holds a shard of: its
  * shape times the parts along the declared split (the vocabulary: its
  * real size, not the padded one). */
@@ -163,7 +175,7 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
     int nd;
     int64_t want[2];
     file_shape(m, sp, &name, &nd, want);
-    const en_st_tensor *t = shards_find(ss, name, &file);
+    const en_st_tensor *t = find_file_tensor(ss, name, &file);
     if (!t)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing from the checkpoint", dir,
                       name);
@@ -223,7 +235,7 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     int64_t fs[2], d0, d1;
     file_shape(m, sp, &name, &nd, fs);
     full_shape(m, sp, &d0, &d1);
-    const en_st_tensor *t = shards_find(ss, name, &file);
+    const en_st_tensor *t = find_file_tensor(ss, name, &file);
     EN_TRY(en_st_to_f32(t, staging, err));
     float *whole = staging;
     if (sp->flags & EN_PARAM_TRANSPOSED) { /* (in, out) -> (out, in) */
@@ -471,9 +483,11 @@ en_status en_model_save_safetensors(const en_model *m, const char *path, en_err 
     return s;
 }
 
-const char *en_model_file_tensor(const en_model *m, const char *name, int64_t *row0) {
+const char *en_model_file_tensor(const en_model *m, const char *name, int64_t *row0,
+                                 int *transposed) {
     const en_param_spec *sp = en_model_find_spec(m, name);
     if (row0) *row0 = sp && sp->src[0] ? sp->src_row0 : 0;
+    if (transposed) *transposed = sp && (sp->flags & EN_PARAM_TRANSPOSED);
     return sp && sp->src[0] ? sp->src : name;
 }
 

@@ -6,7 +6,7 @@
  *
  * Supported families (models/config.c holds the one table that describes
  * them): llama, mistral (optional sliding window), qwen2 (q/k/v bias). All
- * share one forward pass (models/layers_llama.c); a new family is a new row
+ * share one forward pass (models/layers_decoder.c); a new family is a new row
  * in that table plus, at most, a layer variant.
  *
  * Serving (#5) runs many sequences at once: en_model_forward_batch over a
@@ -73,6 +73,8 @@ typedef struct en_model_hparams {
     int mlp_bias;        /* gate/up/down have biases (llama mlp_bias) */
     int qk_norm;         /* RMSNorm over each query / key head before RoPE (qwen3, gemma3) */
     int act;             /* EN_ACT_*: the MLP gate's activation */
+    int layer_norm;      /* LayerNorm with bias instead of RMSNorm (gpt2) */
+    int learned_pos;     /* learned absolute positions instead of RoPE (gpt2) */
     int fused_qkv;       /* the checkpoint fuses q/k/v (phi3 qkv_proj, gpt2 c_attn) */
     int fused_gate_up;   /* ... and gate/up (phi3 gate_up_proj) */
     int post_norms;      /* norms after attention and after the MLP too (gemma2/3) */
@@ -169,8 +171,11 @@ float *en_model_param(en_model *m, const char *name, size_t *n_elem);
 en_status en_model_save_safetensors(const en_model *m, const char *path, en_err *err);
 /* The checkpoint tensor holding the tensor of this name: its own name, or
  * for a block of a fused tensor (Phi-3's q_proj in qkv_proj) the fused
- * tensor's name, with *row0 the block's first row there (whole model). */
-const char *en_model_file_tensor(const en_model *m, const char *name, int64_t *row0);
+ * tensor's name, with *row0 the block's first row there (whole model,
+ * in memory's (out, in) orientation); *transposed: the checkpoint stores
+ * it (in, out) (GPT-2's Conv1D). */
+const char *en_model_file_tensor(const en_model *m, const char *name, int64_t *row0,
+                                 int *transposed);
 /* Read every weight again from one safetensors file written by
  * en_model_save_safetensors (or a Hugging Face checkpoint of the same
  * model), sliced for this rank like en_model_load; checked before anything

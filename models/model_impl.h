@@ -1,6 +1,6 @@
 /*
  * model_impl.h - private to models/: the model and context structs and the
- * parameter layout shared by model.c (loading) and layers_llama.c (forward).
+ * parameter layout shared by model.c (loading) and layers_decoder.c (forward).
  */
 #ifndef EN_MODEL_IMPL_H
 #define EN_MODEL_IMPL_H
@@ -27,12 +27,15 @@ typedef struct en_layer_w {
     float *b_gate, *b_up, *b_down; /* (F), (F), (C) or NULL (mlp_bias) */
     float *q_norm, *k_norm;        /* (D) or NULL (qwen3, gemma3) */
     float *post_attn_norm, *post_ffn_norm; /* (C) or NULL (gemma2/3) */
+    float *attn_norm_b, *ffn_norm_b;       /* (C) LayerNorm biases or NULL (gpt2) */
 } en_layer_w;
 
 /* The model's weights: views into the parameter allocation. */
 typedef struct en_weights {
     float *tok_embd; /* (V, C) */
     float *out_norm; /* (C) */
+    float *out_norm_b; /* (C) LayerNorm bias or NULL (gpt2) */
+    float *pos_embd;   /* (max_pos, C) learned positions or NULL (gpt2) */
     float *lm_head;  /* (V, C); == tok_embd when tied */
     en_layer_w *layers;
 } en_weights;
@@ -166,7 +169,7 @@ typedef struct en_layer_acts {
  * key/value rows to scratch (k_new, v_new), scatters them to the pool rows
  * store_rows, and runs attention per sequence over the pool rows that hold
  * its positions 0..n_keys[s]-1 (kv_rows + kv_off[s]). kc / vc passed to
- * en_llama_layer_fwd are then the layer's pool (rows of Hkv*D floats). */
+ * en_decoder_layer_fwd are then the layer's pool (rows of Hkv*D floats). */
 typedef struct en_paged_step {
     int n_seq;
     const int *tok_off;        /* (n_seq + 1) first token of each sequence */
@@ -255,6 +258,16 @@ const en_param_spec *en_model_find_spec(const en_model *m, const char *name);
 /* x (n, C) = rows of the token embedding; under tensor parallelism the
  * vocab-parallel lookup plus its all-reduce (ids_local: n ints scratch). */
 void en_embed_fwd(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local);
+/* x += the learned position rows at pos (gpt2; nothing for RoPE families);
+ * scratch (n, C). */
+void en_embed_pos_fwd(const en_model *m, float *x, const int32_t *pos, int n, float *scratch);
+/* dpos += dx rows at pos. */
+void en_embed_pos_bwd(const en_model *m, float *dpos, const float *dx, const int32_t *pos, int n);
+/* The final norm of the residual stream (RMSNorm, or LayerNorm with bias)
+ * of n rows, and its backward (dx, dw, db accumulate) (forward.c). */
+void en_out_norm_fwd(const en_model *m, float *y, const float *x, int n);
+void en_out_norm_bwd(const en_model *m, float *dx, float *dw, float *db, const float *dy,
+                     const float *x, int n);
 /* dtable += dx rows at ids (full fine-tuning); vocab-parallel: only the
  * rows held here. dx (N, C) all rows (scaled in place by the embedding
  * scale, when the family has one); scratch (N, C) under TP. */
@@ -264,7 +277,7 @@ void en_embed_bwd(const en_model *m, float *dtable, float *dx, const int32_t *id
  * lives on another tensor-parallel rank. Returns how many are elsewhere. */
 int en_embed_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *ids_local);
 
-/* ---- layers_llama.c: the Llama-style decoder layer ---- */
+/* ---- layers_decoder.c: the Llama-style decoder layer ---- */
 
 /* One layer over n tokens made of n_seq sequences of n/n_seq tokens.
  * x (n, C) is updated in place. kc, vc hold the layer's key/value rows
@@ -272,12 +285,12 @@ int en_embed_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *id
  * attention covers rows 0..p0+n (the KV cache); with n_seq > 1 (training,
  * p0 == 0) sequence s owns rows s*T.. of kc/vc. pos (n) are the positions.
  * With a->pg (batched serving) kc / vc are the layer's paged pool. */
-void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
+void en_decoder_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
                         float *kc, float *vc, int p0, const en_layer_acts *a);
 /* Its backward from the saved activations a and key/value rows k, v:
  * g->dx goes from d(output) to d(input); weight (or adapter) gradients
  * accumulate into g->grads. */
-void en_llama_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const float *k,
+void en_decoder_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const float *k,
                         const float *v);
 
 /* The layer buffers of an inference pass (a context's or a batch's

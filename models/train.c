@@ -397,17 +397,19 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
     /* ---- forward ---- */
     if (t->sp) {
         en_embed_fwd(m, t->xg, inputs, N, t->ids_local);
+        en_embed_pos_fwd(m, t->xg, t->pos, N, t->dxn);
         en_backend_copy(be, t->x, t->xg + my_rows, (size_t)Nx * C * sizeof(float));
     } else {
         en_embed_fwd(m, t->x, inputs, N, t->ids_local);
+        en_embed_pos_fwd(m, t->x, t->pos, N, t->dxn);
     }
     for (int l = 0; l < L; l++)
         m->fam->layer_fwd(m, l, t->x, N, B, t->pos, t->k[l], t->v[l], 0, &t->acts[l]);
     if (t->sp) { /* the vocab-parallel loss needs every row */
-        en_op_rmsnorm(be, t->dxl, t->x, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, Nx, C);
+        en_out_norm_fwd(m, t->dxl, t->x, Nx);
         en_model_tp_allgather(m, t->dxl, t->xf, (size_t)Nx * C);
     } else {
-        en_op_rmsnorm(be, t->xf, t->x, en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, N, C);
+        en_out_norm_fwd(m, t->xf, t->x, N);
     }
 
     /* ---- loss, fused with the output projection, chunk by chunk ---- */
@@ -453,8 +455,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
 
     /* ---- backward ---- */
     zero(t->be, t->dx, (size_t)Nx * C);
-    en_op_rmsnorm_bwd(be, t->dx, gw(t, m->w.out_norm), dxf, t->x,
-                      en_norm_weight(m, m->w.out_norm, C), hp->norm_eps, Nx, C);
+    en_out_norm_bwd(m, t->dx, gw(t, m->w.out_norm), gw(t, m->w.out_norm_b), dxf, t->x, Nx);
     for (int l = L - 1; l >= 0; l--) {
         const en_layer_acts *a = &t->acts[l];
         if (t->cfg.recompute == EN_RECOMPUTE_FULL && l != L - 1) {
@@ -474,6 +475,7 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
             en_model_tp_allgather(m, t->dx, t->dxn, (size_t)Nx * C);
             dx = t->dxn;
         }
+        en_embed_pos_bwd(m, gw(t, m->w.pos_embd), dx, t->pos, N);
         en_embed_bwd(m, gw(t, m->w.tok_embd), dx, inputs, N, t->ids_local, t->dxn);
     }
     return EN_OK;

@@ -26,7 +26,7 @@
 
 static const char *const k_models[] = {"llama_mha",   "llama_gqa_tied", "mistral",   "qwen2",
                                        "llama3_rope", "llama_linear_hd", "llama_yarn", "qwen2_swa",
-                                       "qwen3",       "gemma2",         "gemma3"};
+                                       "qwen3",       "gemma2",         "gemma3",     "gpt2"};
 
 static uint32_t rd_u32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;

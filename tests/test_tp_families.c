@@ -32,7 +32,7 @@
 
 static const char *const k_models[] = {"llama_mha",   "mistral",   "qwen2",  "llama_linear_hd",
                                        "qwen2_swa",   "qwen3",     "gemma2", "gemma3",
-                                       "llama_gqa_tied", "phi3"};
+                                       "llama_gqa_tied", "phi3", "gpt2"};
 
 /* This rank's slice of a whole tensor (rows x cols) into dst (n floats). */
 static void slice(const en_model *m, const char *name, const float *whole, int64_t rows,
@@ -127,24 +127,29 @@ static void check_grads(const char *name, en_model *one, en_model *tp, const en_
                 en_train_tensor(t1, j, &n, &off1, &n1, NULL);
                 found = strcmp(n, tn) == 0;
             }
-            /* a fused block (Phi-3): its rows of the fused reference */
+            /* a fused block (Phi-3, GPT-2): its rows of the fused reference,
+             * Conv1D references turned to (out, in) */
             int64_t row0 = 0;
-            const char *file = en_model_file_tensor(one, tn, &row0);
+            int tr = 0;
+            const char *file = en_model_file_tensor(one, tn, &row0, &tr);
             char key[256];
             snprintf(key, sizeof key, "grad.%s", file);
             const en_st_tensor *r = en_st_find(fx, key);
             CHECK(found && r, "%s: %s has no reference", name, tn);
             if (!found || !r) continue;
-            int64_t cols = r->n_dims > 1 ? r->shape[1] : 0;
+            int64_t fcols = r->n_dims > 1 ? r->shape[1] : 0;
+            int64_t cols = tr ? r->shape[0] : fcols;
             int64_t rows = (int64_t)n1 / (cols ? cols : 1); /* the whole block's */
-            float *ref = malloc((size_t)r->n_elem * sizeof(float));
+            float *fref = malloc((size_t)r->n_elem * sizeof(float));
             float *s1 = malloc(n2 * sizeof(float)), *sr = malloc(n2 * sizeof(float));
             en_err err = {0};
-            en_st_to_f32(r, ref, &err);
+            en_st_to_f32(r, fref, &err);
+            float *ref = en_test_model_orient(fref, r->shape[0], fcols, tr);
+            free(fref);
             slice(tp, tn, g1 + off1, rows, cols, s1, n2);
             slice(tp, tn, ref + (size_t)row0 * (size_t)(cols ? cols : 1), rows, cols, sr, n2);
-            double e1 = en_test_max_rel_err(g2 + off2, s1, n2);
-            double er = en_test_max_rel_err(g2 + off2, sr, n2);
+            double e1 = en_test_grad_err(g2 + off2, s1, n2);
+            double er = en_test_grad_err(g2 + off2, sr, n2);
             CHECK(e1 <= TOL_ONE, "%s%s: %s vs one process %.3e", name, sp ? " sp" : "", tn, e1);
             CHECK(er <= TOL_REF, "%s%s: %s vs PyTorch %.3e", name, sp ? " sp" : "", tn, er);
             if (e1 > w_one) w_one = e1;

@@ -41,7 +41,8 @@ static const struct {
     {"qwen3_full", "qwen3", 0},                  {"qwen3_lora", "qwen3", 1},
     {"gemma2_full", "gemma2", 0},                {"gemma2_lora", "gemma2", 1},
     {"gemma3_full", "gemma3", 0},                {"phi3_full", "phi3", 0},
-    {"phi3_lora", "phi3", 1},
+    {"phi3_lora", "phi3", 1},                    {"gpt2_full", "gpt2", 0},
+    {"gpt2_lora", "gpt2", 1},
 };
 
 static void run_case(en_backend *be, int ci) {
@@ -116,23 +117,28 @@ static void run_case(en_backend *be, int ci) {
         size_t off, n;
         en_train_tensor(t, i, &name, &off, &n, NULL);
         /* a block of a fused tensor (Phi-3's q_proj in qkv_proj): its rows of
-         * the fused tensor's gradient */
+         * the fused tensor's gradient; GPT-2's Conv1D references turned to
+         * (out, in) */
         int64_t row0 = 0;
-        const char *file = lora ? name : en_model_file_tensor(m, name, &row0);
+        int tr = 0;
+        const char *file = lora ? name : en_model_file_tensor(m, name, &row0, &tr);
         char key[256];
         snprintf(key, sizeof key, "grad.%s", file);
         const en_st_tensor *r = en_st_find(&fx, key);
         CHECK(r != NULL, "%s: no reference gradient for %s", k_cases[ci].name, name);
         if (!r) continue;
-        size_t cols = r->n_dims > 1 ? (size_t)r->shape[1] : 1;
+        int64_t fcols = r->n_dims > 1 ? r->shape[1] : 0;
+        size_t cols = tr ? (size_t)r->shape[0] : (size_t)(fcols ? fcols : 1);
         size_t skip = (size_t)row0 * cols;
         CHECK(skip + n <= (size_t)r->n_elem, "%s: %s has %zu elements, reference %lld",
               k_cases[ci].name, name, n, (long long)r->n_elem);
         if (skip + n > (size_t)r->n_elem) continue;
         matched += row0 == 0;
-        float *whole = malloc((size_t)r->n_elem * sizeof(float)), *ref = whole + skip;
-        en_st_to_f32(r, whole, &err);
-        double e = en_test_max_rel_err(g1 + off, ref, n);
+        float *file_ref = malloc((size_t)r->n_elem * sizeof(float));
+        en_st_to_f32(r, file_ref, &err);
+        float *whole = en_test_model_orient(file_ref, r->shape[0], fcols, tr), *ref = whole + skip;
+        free(file_ref);
+        double e = en_test_grad_err(g1 + off, ref, n);
         if (e > worst) {
             worst = e;
             worst_name = name;

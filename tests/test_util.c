@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 int en_test_failures = 0;
@@ -73,6 +74,31 @@ double en_test_max_rel_err(const float *got, const float *ref, size_t n) {
         if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
     }
     return maxdiff / maxref;
+}
+
+double en_test_grad_err(const float *got, const float *ref, size_t n) {
+    double maxref = 0, maxdiff = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (d > maxdiff || isnan(d)) maxdiff = isnan(d) ? INFINITY : d;
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    }
+    /* a gradient that is zero in exact arithmetic (a key bias without RoPE:
+     * softmax ignores a constant per query) holds only rounding noise */
+    return maxref < 1e-6 ? maxdiff : maxdiff / maxref;
+}
+
+float *en_test_model_orient(const float *file, int64_t rows, int64_t cols, int transposed) {
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    float *out = malloc((n ? n : 1) * sizeof(float));
+    if (!out) return NULL;
+    if (!transposed || !cols) {
+        memcpy(out, file, n * sizeof(float));
+        return out;
+    }
+    for (int64_t i = 0; i < rows; i++) /* (rows, cols) -> (cols, rows) */
+        for (int64_t j = 0; j < cols; j++) out[j * rows + i] = file[i * cols + j];
+    return out;
 }
 
 int en_test_finish(const char *name) {

@@ -30,6 +30,12 @@ int en_test_close_f64(const char *name, const float *got, const double *ref, siz
 /* Max relative error max|got-ref| / max(max|ref|, tiny): the figure used by
  * the logits checks ("within 1e-4 relative"). */
 double en_test_max_rel_err(const float *got, const float *ref, size_t n);
+/* en_test_max_rel_err for gradients, except that a reference which is zero
+ * up to rounding (max |ref| < 1e-6) is compared absolutely. */
+double en_test_grad_err(const float *got, const float *ref, size_t n);
+/* A malloc'd copy of a checkpoint tensor (rows, cols) in memory's (out, in)
+ * orientation: transposed when the checkpoint stores it (in, out). */
+float *en_test_model_orient(const float *file, int64_t rows, int64_t cols, int transposed);
 
 /* Print "N passed, M failed" and return the process exit code. */
 int en_test_finish(const char *name);

@@ -1,18 +1,20 @@
 /*
- * layers_llama.c - the Llama-style decoder layer (llama, mistral, qwen2,
- * qwen3, gemma2, gemma3), forward and backward side by side, block by
- * block. The forward serves inference (KV cache, paged batches) and
- * training (saved activations); each backward walks its forward's steps in
- * reverse, one backend op per forward op:
+ * layers_decoder.c - the pre-norm decoder layer every family is built from
+ * (llama, mistral, qwen2/3, phi3, gemma2/3, gpt2), forward and backward
+ * side by side, block by block. The forward serves inference (KV cache,
+ * paged batches) and training (saved activations); each backward walks its
+ * forward's steps in reverse, one backend op per forward op:
  *
  *   attention  x_mid = x_in + pn1(o(attn(rope(qn(q(n1))), rope(kn(k(n1))), v(n1))))
- *   MLP        x_out = x_mid + pn2(down(act(gate(n2)) * up(n2)))
+ *   MLP        x_out = x_mid + pn2(down(act(gate(n2)) * up(n2)))   (gated)
+ *              x_out = x_mid + down(gelu(up(n2)))                  (gpt2)
  *
- * with n1 = norm1(x_in), n2 = norm2(x_mid); qn/kn the per-head q/k norms
- * (qwen3, gemma3), pn1/pn2 the norms after each block (gemma), act SiLU or
- * tanh GELU (gemma); the missing pieces are identities. Every linear may
- * carry a LoRA adapter (linear.c). Only backend ops are called here, so the
- * same code runs on every backend.
+ * with n1 = norm1(x_in), n2 = norm2(x_mid) (RMSNorm, or LayerNorm with
+ * bias for gpt2); qn/kn the per-head q/k norms (qwen3, gemma3), pn1/pn2 the
+ * norms after each block (gemma), act SiLU or tanh GELU (gemma); rope none
+ * for learned positions (gpt2); the missing pieces are identities. Every
+ * linear may carry a LoRA adapter (linear.c). Only backend ops are called
+ * here, so the same code runs on every backend.
  */
 #include "model_impl.h"
 
@@ -35,6 +37,29 @@ static void rope_rows(const en_model *m, int l, float *x, const int32_t *pos, in
         const int t0 = pg->tok_off[sq], nt = pg->tok_off[sq + 1] - t0;
         en_rope_fwd(m, l, x + (size_t)t0 * stride, pos + t0, nt, H, stride, pg->n_keys[sq]);
     }
+}
+
+/* The residual stream's norm (RMSNorm, or LayerNorm with bias b) of nx
+ * rows, and its backward (dx, dw, db accumulate). */
+static void norm_fwd(const en_model *m, float *y, const float *x, const float *w, const float *b,
+                     int nx) {
+    const int C = m->hp.n_embd;
+    if (m->hp.layer_norm)
+        en_op_layernorm(m->be, y, x, w, b, m->hp.norm_eps, nx, C);
+    else
+        en_op_rmsnorm(m->be, y, x, en_norm_weight(m, w, C), m->hp.norm_eps, nx, C);
+}
+
+static void norm_bwd(en_grad_ctx *g, float *dx, const float *dy, const float *x, const float *w,
+                     const float *b) {
+    const en_model *m = g->m;
+    const int C = m->hp.n_embd;
+    if (m->hp.layer_norm)
+        en_op_layernorm_bwd(g->be, dx, en_grad_of(g, w), en_grad_of(g, b), dy, x, w,
+                            m->hp.norm_eps, g->Nx, C);
+    else
+        en_op_rmsnorm_bwd(g->be, dx, en_grad_of(g, w), dy, x, en_norm_weight(m, w, C),
+                          m->hp.norm_eps, g->Nx, C);
 }
 
 static en_attn_params attn_params(const en_model_hparams *hp, int l) {
@@ -92,8 +117,10 @@ static void attention_fwd(const en_model *m, int l, int n, int n_seq, const int3
         en_op_rmsnorm(be, k_new, k_lin, en_norm_weight(m, w->k_norm, D), hp->norm_eps, n * Hkv,
                       D);
     }
-    rope_rows(m, l, a->q, pos, n, n_seq, H, (size_t)QD, p0, pg);
-    rope_rows(m, l, k_new, pos, n, n_seq, Hkv, (size_t)KVD, p0, pg);
+    if (!hp->learned_pos) {
+        rope_rows(m, l, a->q, pos, n, n_seq, H, (size_t)QD, p0, pg);
+        rope_rows(m, l, k_new, pos, n, n_seq, Hkv, (size_t)KVD, p0, pg);
+    }
     if (pg) {
         en_op_rows_scatter(be, kc, (size_t)KVD, pg->store_rows, k_new, (size_t)KVD, n, KVD);
         en_op_rows_scatter(be, vc, (size_t)KVD, pg->store_rows, v_new, (size_t)KVD, n, KVD);
@@ -129,19 +156,23 @@ static void mlp_fwd(const en_model *m, int l, int n, const en_layer_acts *a, con
     const int C = hp->n_embd, F = hp->n_ff;
     const en_lora *lo = m->lora;
     const float s = lo ? en_lora_scale(lo) : 0.0f;
-    en_linear_fwd(be, a->gate, xin, w->w_gate, w->b_gate, LP(l, 4), s, a->lora_u, a->tmp, n, F,
-                  C);
     en_linear_fwd(be, a->up, xin, w->w_up, w->b_up, LP(l, 5), s, a->lora_u, a->tmp, n, F, C);
-    if (hp->act == EN_ACT_GELU_TANH)
-        en_op_geglu(be, a->h, a->gate, a->up, (size_t)n * F);
-    else
-        en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
+    if (!w->w_gate) { /* GPT-2: h = gelu(up) */
+        en_op_gelu(be, a->h, a->up, (size_t)n * F);
+    } else {
+        en_linear_fwd(be, a->gate, xin, w->w_gate, w->b_gate, LP(l, 4), s, a->lora_u, a->tmp, n,
+                      F, C);
+        if (hp->act == EN_ACT_GELU_TANH)
+            en_op_geglu(be, a->h, a->gate, a->up, (size_t)n * F);
+        else
+            en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
+    }
     /* row-parallel down_proj: partial sum over this rank's slice of F */
     en_linear_row_fwd(m, a->proj, a->h, w->w_down, w->b_down, LP(l, 6), s, a->lora_u, a->tmp, n,
                       C, F);
 }
 
-void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
+void en_decoder_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,
                         float *kc, float *vc, int p0, const en_layer_acts *a) {
     en_backend *be = m->be;
     const en_model_hparams *hp = &m->hl;
@@ -151,11 +182,11 @@ void en_llama_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, co
      * them and the all-gather gives the column-parallel layers all n rows. */
     const int nx = a->sp ? n / m->tp_size : n;
     if (a->x_in) en_backend_copy(be, a->x_in, x, (size_t)nx * C * sizeof(float));
-    en_op_rmsnorm(be, a->xn1, x, en_norm_weight(m, w->attn_norm, C), hp->norm_eps, nx, C);
+    norm_fwd(m, a->xn1, x, w->attn_norm, w->attn_norm_b, nx);
     attention_fwd(m, l, n, n_seq, pos, kc, vc, p0, a, gather_rows(m, a, a->xn1, nx));
     block_out(m, a, x, n, nx, w->post_attn_norm, a->attn_out);
     if (a->x_mid) en_backend_copy(be, a->x_mid, x, (size_t)nx * C * sizeof(float));
-    en_op_rmsnorm(be, a->xn2, x, en_norm_weight(m, w->ffn_norm, C), hp->norm_eps, nx, C);
+    norm_fwd(m, a->xn2, x, w->ffn_norm, w->ffn_norm_b, nx);
     mlp_fwd(m, l, n, a, gather_rows(m, a, a->xn2, nx));
     block_out(m, a, x, n, nx, w->post_ffn_norm, a->mlp_out);
 }
@@ -186,14 +217,17 @@ static void mlp_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const float *
                   w->w_down, LP(l, 6), N, C, F, 1);
     ZERO(g->dgate, (size_t)N * F);
     ZERO(g->dup, (size_t)N * F);
-    if (hp->act == EN_ACT_GELU_TANH)
+    if (!w->w_gate) /* GPT-2: h = gelu(up) */
+        en_op_gelu_bwd(be, g->dup, g->dh, a->up, (size_t)N * F);
+    else if (hp->act == EN_ACT_GELU_TANH)
         en_op_geglu_bwd(be, g->dgate, g->dup, g->dh, a->gate, a->up, (size_t)N * F);
     else
         en_op_swiglu_bwd(be, g->dgate, g->dup, g->dh, a->gate, a->up, (size_t)N * F);
     ZERO(g->dxn, (size_t)N * C);
     const float *xn = en_tp_rows_all(g, a->xn2, g->xg);
-    en_linear_bwd(g, g->dxn, en_grad_of(g, w->w_gate), en_grad_of(g, w->b_gate), g->dgate, xn,
-                  w->w_gate, LP(l, 4), N, F, C, 0);
+    if (w->w_gate)
+        en_linear_bwd(g, g->dxn, en_grad_of(g, w->w_gate), en_grad_of(g, w->b_gate), g->dgate,
+                      xn, w->w_gate, LP(l, 4), N, F, C, 0);
     en_linear_bwd(g, g->dxn, en_grad_of(g, w->w_up), en_grad_of(g, w->b_up), g->dup, xn, w->w_up,
                   LP(l, 5), N, F, C, 0);
 }
@@ -238,8 +272,10 @@ static void attention_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const f
                                   a->q + qo, (size_t)QD, k + ko, v + ko, (size_t)KVD, pos, T, T,
                                   H, Hkv, D, &ap);
     }
-    en_rope_bwd(g->m, l, g->dq, g->pos, N, H, (size_t)QD, T);
-    en_rope_bwd(g->m, l, g->dk, g->pos, N, Hkv, (size_t)KVD, T);
+    if (!hp->learned_pos) {
+        en_rope_bwd(g->m, l, g->dq, g->pos, N, H, (size_t)QD, T);
+        en_rope_bwd(g->m, l, g->dk, g->pos, N, Hkv, (size_t)KVD, T);
+    }
     if (hp->qk_norm) {
         head_norm_bwd(g, g->dq, a->q_raw, w->q_norm, H, QD);
         head_norm_bwd(g, g->dk, a->k_raw, w->k_norm, Hkv, KVD);
@@ -254,11 +290,9 @@ static void attention_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const f
                   LP(l, 2), N, KVD, C, 0);
 }
 
-void en_llama_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const float *k,
+void en_decoder_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const float *k,
                         const float *v) {
-    const en_model_hparams *hp = &g->m->hl;
     const en_layer_w *w = &g->m->w.layers[l];
-    const int C = hp->n_embd;
     /* Sequence parallelism: the gradient of the residual stream (dx) holds
      * our rows; the row-parallel layers' backward needs all rows
      * (all-gather), the column-parallel input gradients are summed into our
@@ -266,11 +300,9 @@ void en_llama_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const flo
     mlp_bwd(g, l, a, block_out_bwd(g, w->post_ffn_norm, a->mlp_out));
     /* column-parallel gate/up: the input gradient sums over ranks */
     const float *dxn = en_tp_sum_rows(g, g->dxn);
-    en_op_rmsnorm_bwd(g->be, g->dx, en_grad_of(g, w->ffn_norm), dxn, a->x_mid,
-                      en_norm_weight(g->m, w->ffn_norm, C), hp->norm_eps, g->Nx, C);
+    norm_bwd(g, g->dx, dxn, a->x_mid, w->ffn_norm, w->ffn_norm_b);
     attention_bwd(g, l, a, k, v, block_out_bwd(g, w->post_attn_norm, a->attn_out));
     /* column-parallel q/k/v: the input gradient sums over ranks */
     dxn = en_tp_sum_rows(g, g->dxn);
-    en_op_rmsnorm_bwd(g->be, g->dx, en_grad_of(g, w->attn_norm), dxn, a->x_in,
-                      en_norm_weight(g->m, w->attn_norm, C), hp->norm_eps, g->Nx, C);
+    norm_bwd(g, g->dx, dxn, a->x_in, w->attn_norm, w->attn_norm_b);
 }
