@@ -10,6 +10,8 @@
  */
 #include "backend.h"
 
+#include <math.h>
+
 #include "backend_impl.h"
 
 en_backend_config en_backend_config_default(void) {
@@ -86,6 +88,22 @@ void en_op_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int 
     be->ops->rope(be, x, pos, T, H, D, row_stride, theta);
 }
 
+/* Shared by rope_freq and its backward. inv_freq is not read here: it is a
+ * buffer of the backend (device memory on CUDA). */
+static int rope_freq_check(int T, int H, int D, size_t row_stride, int n_rot) {
+    EN_ASSERT(T >= 0 && H >= 0 && D >= 0);
+    if (T == 0 || H == 0 || D == 0) return 0;
+    EN_ASSERT(n_rot > 0 && n_rot <= D && n_rot % 2 == 0);
+    EN_ASSERT(row_stride >= (size_t)H * (size_t)D);
+    return 1;
+}
+
+void en_op_rope_freq(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                     size_t row_stride, const float *inv_freq, int n_rot, float mscale) {
+    if (!rope_freq_check(T, H, D, row_stride, n_rot)) return;
+    be->ops->rope_freq(be, x, pos, T, H, D, row_stride, inv_freq, n_rot, mscale);
+}
+
 void en_op_embedding(en_backend *be, float *y, const float *table, const int32_t *ids, int T,
                      int C) {
     EN_ASSERT(T >= 0 && C >= 0);
@@ -98,38 +116,100 @@ void en_op_swiglu(en_backend *be, float *y, const float *gate, const float *up, 
     be->ops->swiglu(be, y, gate, up, n);
 }
 
+void en_op_geglu(en_backend *be, float *y, const float *gate, const float *up, size_t n) {
+    if (n == 0) return;
+    be->ops->geglu(be, y, gate, up, n);
+}
+
+void en_op_gelu(en_backend *be, float *y, const float *x, size_t n) {
+    if (n == 0) return;
+    be->ops->gelu(be, y, x, n);
+}
+
 void en_op_add(en_backend *be, float *y, const float *a, const float *b, size_t n) {
     if (n == 0) return;
     be->ops->add(be, y, a, b, n);
 }
 
-void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride,
-                     const float *k, const float *v, size_t kv_stride, const int32_t *pos,
-                     int T, int S, int H, int Hkv, int D, int window) {
-    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
-    if (T == 0 || H == 0 || D == 0) return;
+void en_op_layernorm(en_backend *be, float *y, const float *x, const float *w, const float *b,
+                     float eps, int T, int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    if (T == 0 || C == 0) return;
+    be->ops->layernorm(be, y, x, w, b, eps, T, C);
+}
+
+void en_op_softcap(en_backend *be, float *y, const float *x, float cap, size_t n) {
+    if (n == 0) return;
+    /* cap = 0 would divide by zero; a negative cap flips the sign. */
+    EN_ASSERT(cap > 0.0f && isfinite(cap));
+    be->ops->softcap(be, y, x, cap, n);
+}
+
+/* ---- attention ----
+ * The *_p ops check the shapes and the parameters, resolve the defaults
+ * (NULL params, scale 0) into the en_attn_params the table receives, and
+ * dispatch; the plain ops are thin wrappers with {window, 0, 0}. */
+
+/* The parameters in effect: *ap (or the defaults) with scale 0 replaced by
+ * 1/sqrt(D), rounded once from double as the backends always did. */
+static en_attn_params attn_params(const en_attn_params *ap, int D) {
+    en_attn_params p = {0, 0.0f, 0.0f};
+    if (ap) p = *ap;
+    EN_ASSERT(p.window >= 0);
+    EN_ASSERT(p.scale >= 0.0f && isfinite(p.scale));
+    EN_ASSERT(p.softcap >= 0.0f && isfinite(p.softcap));
+    if (p.scale == 0.0f) p.scale = D > 0 ? (float)(1.0 / sqrt((double)D)) : 1.0f;
+    return p;
+}
+
+/* The shape checks every attention op shares: GQA groups, row strides and
+ * 0 <= pos[t] < S, so that every query has at least one key (itself) and
+ * softmax never divides by zero. */
+static void attn_check(size_t q_stride, size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                       int Hkv, int D) {
     EN_ASSERT(Hkv > 0 && H % Hkv == 0);
     EN_ASSERT(q_stride >= (size_t)H * (size_t)D);
     EN_ASSERT(kv_stride >= (size_t)Hkv * (size_t)D);
-    /* Every query then has at least one key (itself), so softmax never
-     * divides by zero. */
     for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
-    be->ops->attention(be, out, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D, window);
+}
+
+void en_op_attention_p(en_backend *be, float *out, const float *q, size_t q_stride,
+                       const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                       int T, int S, int H, int Hkv, int D, const en_attn_params *ap) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0);
+    const en_attn_params p = attn_params(ap, D);
+    if (T == 0 || H == 0 || D == 0) return;
+    attn_check(q_stride, kv_stride, pos, T, S, H, Hkv, D);
+    be->ops->attention(be, out, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D, &p);
+}
+
+void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride,
+                     const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                     int T, int S, int H, int Hkv, int D, int window) {
+    const en_attn_params p = {window, 0.0f, 0.0f};
+    en_op_attention_p(be, out, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D, &p);
+}
+
+void en_op_attention_rows_p(en_backend *be, float *out, const float *q, size_t q_stride,
+                            const float *k, const float *v, size_t kv_stride,
+                            const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
+                            int Hkv, int D, const en_attn_params *ap) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0);
+    const en_attn_params p = attn_params(ap, D);
+    if (T == 0 || H == 0 || D == 0) return;
+    attn_check(q_stride, kv_stride, pos, T, S, H, Hkv, D);
+    for (int s = 0; s < S; s++) EN_ASSERT(kv_rows[s] >= 0);
+    be->ops->attention_rows(be, out, q, q_stride, k, v, kv_stride, kv_rows, pos, T, S, H, Hkv,
+                            D, &p);
 }
 
 void en_op_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
                           const float *k, const float *v, size_t kv_stride,
                           const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
                           int Hkv, int D, int window) {
-    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
-    if (T == 0 || H == 0 || D == 0) return;
-    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
-    EN_ASSERT(q_stride >= (size_t)H * (size_t)D);
-    EN_ASSERT(kv_stride >= (size_t)Hkv * (size_t)D);
-    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
-    for (int s = 0; s < S; s++) EN_ASSERT(kv_rows[s] >= 0);
-    be->ops->attention_rows(be, out, q, q_stride, k, v, kv_stride, kv_rows, pos, T, S, H, Hkv,
-                            D, window);
+    const en_attn_params p = {window, 0.0f, 0.0f};
+    en_op_attention_rows_p(be, out, q, q_stride, k, v, kv_stride, kv_rows, pos, T, S, H, Hkv, D,
+                           &p);
 }
 
 void en_op_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
@@ -185,11 +265,46 @@ void en_op_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H,
     be->ops->rope_bwd(be, dx, pos, T, H, D, row_stride, theta);
 }
 
+void en_op_rope_freq_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                         size_t row_stride, const float *inv_freq, int n_rot, float mscale) {
+    if (!rope_freq_check(T, H, D, row_stride, n_rot)) return;
+    be->ops->rope_freq_bwd(be, dx, pos, T, H, D, row_stride, inv_freq, n_rot, mscale);
+}
+
 void en_op_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy, const float *gate,
                       const float *up, size_t n) {
     if (n == 0 || (!dgate && !dup)) return;
     EN_ASSERT(!dgate || dgate != dup);
     be->ops->swiglu_bwd(be, dgate, dup, dy, gate, up, n);
+}
+
+void en_op_geglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy, const float *gate,
+                     const float *up, size_t n) {
+    if (n == 0 || (!dgate && !dup)) return;
+    EN_ASSERT(!dgate || dgate != dup);
+    be->ops->geglu_bwd(be, dgate, dup, dy, gate, up, n);
+}
+
+void en_op_gelu_bwd(en_backend *be, float *dx, const float *dy, const float *x, size_t n) {
+    if (n == 0 || !dx) return;
+    be->ops->gelu_bwd(be, dx, dy, x, n);
+}
+
+void en_op_layernorm_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                         const float *x, const float *w, float eps, int T, int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    if (T == 0 || C == 0 || (!dx && !dw && !db)) return;
+    /* dw and db are summed from dy and x after dx has been written. */
+    EN_ASSERT(!dx || (dx != dy && dx != x));
+    EN_ASSERT(!dw || (dw != db && dw != w));
+    be->ops->layernorm_bwd(be, dx, dw, db, dy, x, w, eps, T, C);
+}
+
+void en_op_softcap_bwd(en_backend *be, float *dx, const float *dy, const float *y, float cap,
+                       size_t n) {
+    if (n == 0) return;
+    EN_ASSERT(cap > 0.0f && isfinite(cap));
+    be->ops->softcap_bwd(be, dx, dy, y, cap, n);
 }
 
 void en_op_embedding_bwd(en_backend *be, float *dtable, const float *dy, const int32_t *ids, int T,
@@ -201,34 +316,62 @@ void en_op_embedding_bwd(en_backend *be, float *dtable, const float *dy, const i
     be->ops->embedding_bwd(be, dtable, dy, ids, T, C);
 }
 
-void en_op_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                         const float *q, size_t q_stride, const float *k, const float *v,
-                         size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv, int D,
-                         int window) {
-    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
+void en_op_attention_bwd_p(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                           const float *q, size_t q_stride, const float *k, const float *v,
+                           size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
+                           int D, const en_attn_params *ap) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0);
+    const en_attn_params p = attn_params(ap, D);
     if (T == 0 || H == 0 || D == 0 || (!dq && !dk && !dv)) return;
-    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
-    EN_ASSERT(q_stride >= (size_t)H * (size_t)D);
-    EN_ASSERT(kv_stride >= (size_t)Hkv * (size_t)D);
-    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
+    attn_check(q_stride, kv_stride, pos, T, S, H, Hkv, D);
     /* q, k and v are read again after the gradients start to be written. */
     EN_ASSERT(!dq || (dq != q && dq != dout));
     EN_ASSERT(!dk || (dk != k && dk != q && dk != dout));
     EN_ASSERT(!dv || (dv != v && dv != q && dv != dout));
     be->ops->attention_bwd(be, dq, dk, dv, dout, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D,
-                           window);
+                           &p);
+}
+
+void en_op_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                         const float *q, size_t q_stride, const float *k, const float *v,
+                         size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                         int window) {
+    const en_attn_params p = {window, 0.0f, 0.0f};
+    en_op_attention_bwd_p(be, dq, dk, dv, dout, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D,
+                          &p);
+}
+
+void en_op_attention_store_p(en_backend *be, float *out, float *probs, const float *q,
+                             size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                             const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                             const en_attn_params *ap) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0);
+    const en_attn_params p = attn_params(ap, D);
+    if (T == 0 || H == 0) return;
+    attn_check(q_stride, kv_stride, pos, T, S, H, Hkv, D);
+    be->ops->attention_store(be, out, probs, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D,
+                             &p);
 }
 
 void en_op_attention_store(en_backend *be, float *out, float *probs, const float *q,
                            size_t q_stride, const float *k, const float *v, size_t kv_stride,
                            const int32_t *pos, int T, int S, int H, int Hkv, int D, int window) {
-    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
-    if (T == 0 || H == 0) return;
-    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
-    EN_ASSERT(q_stride >= (size_t)H * (size_t)D && kv_stride >= (size_t)Hkv * (size_t)D);
-    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
-    be->ops->attention_store(be, out, probs, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D,
-                             window);
+    const en_attn_params p = {window, 0.0f, 0.0f};
+    en_op_attention_store_p(be, out, probs, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D,
+                            &p);
+}
+
+void en_op_attention_bwd_stored_p(en_backend *be, float *dq, float *dk, float *dv,
+                                  const float *dout, const float *probs, const float *q,
+                                  size_t q_stride, const float *k, const float *v,
+                                  size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                  int Hkv, int D, const en_attn_params *ap) {
+    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0);
+    const en_attn_params p = attn_params(ap, D);
+    if (T == 0 || H == 0 || D == 0 || (!dq && !dk && !dv)) return;
+    attn_check(q_stride, kv_stride, pos, T, S, H, Hkv, D);
+    be->ops->attention_bwd_stored(be, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride, pos,
+                                  T, S, H, Hkv, D, &p);
 }
 
 void en_op_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
@@ -236,13 +379,9 @@ void en_op_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
                                 size_t q_stride, const float *k, const float *v, size_t kv_stride,
                                 const int32_t *pos, int T, int S, int H, int Hkv, int D,
                                 int window) {
-    EN_ASSERT(T >= 0 && S >= 0 && H >= 0 && Hkv >= 0 && D >= 0 && window >= 0);
-    if (T == 0 || H == 0 || D == 0 || (!dq && !dk && !dv)) return;
-    EN_ASSERT(Hkv > 0 && H % Hkv == 0);
-    EN_ASSERT(q_stride >= (size_t)H * (size_t)D && kv_stride >= (size_t)Hkv * (size_t)D);
-    for (int t = 0; t < T; t++) EN_ASSERT(pos[t] >= 0 && pos[t] < S);
-    be->ops->attention_bwd_stored(be, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride, pos,
-                                  T, S, H, Hkv, D, window);
+    const en_attn_params p = {window, 0.0f, 0.0f};
+    en_op_attention_bwd_stored_p(be, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride, pos, T,
+                                 S, H, Hkv, D, &p);
 }
 
 void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,

@@ -102,6 +102,24 @@ void en_op_rmsnorm(en_backend *be, float *y, const float *x, const float *w, flo
 void en_op_rope(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
                 size_t row_stride, float theta);
 
+/* Rotary position embedding with an explicit frequency table, in place: the
+ * form every Hugging Face rope_scaling type reduces to (default, linear,
+ * dynamic, llama3, yarn, longrope: the caller computes the table on the
+ * host, uploads it and picks mscale). rotate_half layout restricted to the
+ * first n_rot dims of each head: for i < n_rot/2, element i pairs with
+ * i + n_rot/2 and turns by the angle pos[t] * inv_freq[i], that product
+ * computed in float32 as Hugging Face computes it (inv_freq.float() @
+ * pos.float()), then cos and sin of it, each multiplied by mscale (the
+ * YaRN / LongRoPE attention factor; 1 = a plain rotation):
+ *   (a, b) -> (a cos - b sin, b cos + a sin) * mscale.
+ * Dims n_rot..D-1 of each head pass through unchanged (partial rotary,
+ * e.g. Phi, GPT-NeoX rotary_pct). x is (T, H, D) with rows of row_stride
+ * floats between tokens (row_stride >= H*D); inv_freq (n_rot/2) is a
+ * buffer of this backend, borrowed for the call. n_rot even,
+ * 0 < n_rot <= D (checked, abort otherwise). */
+void en_op_rope_freq(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                     size_t row_stride, const float *inv_freq, int n_rot, float mscale);
+
 /* y(T,C) = table[ids[t]] row copy. ids must be in [0, V): checked by caller. */
 void en_op_embedding(en_backend *be, float *y, const float *table, const int32_t *ids, int T,
                      int C);
@@ -109,8 +127,46 @@ void en_op_embedding(en_backend *be, float *y, const float *table, const int32_t
 /* y(n) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). y may alias gate. */
 void en_op_swiglu(en_backend *be, float *y, const float *gate, const float *up, size_t n);
 
+/* GELU with the tanh approximation (Hugging Face gelu_pytorch_tanh,
+ * gelu_new, gelu_fast's formula; PyTorch gelu(approximate="tanh")):
+ *   gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+ * Computed as g / (1 + exp(-2u)), u the tanh argument, the same function
+ * without 1 + tanh cancelling for negative g; finite for every finite g.
+ * en_op_geglu: y(n) = gelu_tanh(gate) * up (Gemma's MLP); y may alias gate.
+ * en_op_gelu:  y(n) = gelu_tanh(x) (GPT-2's MLP); y may alias x. */
+void en_op_geglu(en_backend *be, float *y, const float *gate, const float *up, size_t n);
+void en_op_gelu(en_backend *be, float *y, const float *x, size_t n);
+
 /* y(n) = a + b. y may alias a or b. */
 void en_op_add(en_backend *be, float *y, const float *a, const float *b, size_t n);
+
+/* LayerNorm (GPT-2, Ba et al. 2016): per row of x (T, C),
+ *   y = (x - mean) / sqrt(var + eps) * w(C) + b(C),
+ * var the biased variance (divided by C, as torch.nn.LayerNorm). Mean and
+ * variance are computed in double. b may be NULL (no bias); y may alias x. */
+void en_op_layernorm(en_backend *be, float *y, const float *x, const float *w, const float *b,
+                     float eps, int T, int C);
+
+/* Soft-capping (Gemma 2's final logits): y(n) = cap * tanh(x / cap), so
+ * |y| < cap. cap > 0 (checked). y may alias x. */
+void en_op_softcap(en_backend *be, float *y, const float *x, float cap, size_t n);
+
+/* Parameters of the attention ops (the *_p variants below). NULL in their
+ * place means { 0, 0, 0 }, i.e. what the plain ops do.
+ *  window:  0 = full causal; > 0 = query t attends keys s with
+ *           pos[t] - window < s <= pos[t] (Mistral sliding window).
+ *  scale:   the factor on q.k; 0 = 1/sqrt(D). (Gemma 2 uses
+ *           query_pre_attn_scalar^-1/2.) >= 0 and finite (checked).
+ *  softcap: > 0: every scaled score x becomes softcap * tanh(x / softcap)
+ *           before the mask and softmax (Gemma 2's attn_logit_softcapping);
+ *           0 = off. >= 0 and finite (checked).
+ * The backwards include the factor of scale and the soft-cap's derivative
+ * 1 - tanh^2, recomputing the scaled score from q and k where needed. */
+typedef struct en_attn_params {
+    int window;
+    float scale;
+    float softcap;
+} en_attn_params;
 
 /* Causal multi-head attention with grouped KV heads over a cache.
  * q: (T, H, D) rows of q_stride floats; query t sits at position pos[t].
@@ -122,6 +178,11 @@ void en_op_add(en_backend *be, float *y, const float *a, const float *b, size_t 
 void en_op_attention(en_backend *be, float *out, const float *q, size_t q_stride,
                      const float *k, const float *v, size_t kv_stride, const int32_t *pos,
                      int T, int S, int H, int Hkv, int D, int window);
+/* en_op_attention with parameters (window, scale, soft-cap; ap may be NULL:
+ * the defaults). en_op_attention(..., window) is this with {window, 0, 0}. */
+void en_op_attention_p(en_backend *be, float *out, const float *q, size_t q_stride,
+                       const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                       int T, int S, int H, int Hkv, int D, const en_attn_params *ap);
 
 /* Attention over rows gathered by index (the paged KV cache): as
  * en_op_attention, except that key s of this call sits at row kv_rows[s] of
@@ -130,6 +191,14 @@ void en_op_attention_rows(en_backend *be, float *out, const float *q, size_t q_s
                           const float *k, const float *v, size_t kv_stride,
                           const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
                           int Hkv, int D, int window);
+/* en_op_attention_rows with parameters (see en_attn_params; ap may be NULL).
+ * Each (query, head) row is computed alone, as by en_op_attention_rows, so
+ * the result does not depend on the other rows of the call (batch
+ * invariance). */
+void en_op_attention_rows_p(en_backend *be, float *out, const float *q, size_t q_stride,
+                            const float *k, const float *v, size_t kv_stride,
+                            const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
+                            int Hkv, int D, const en_attn_params *ap);
 
 /* Scatter rows: dst row rows[t] (of dst_stride floats) = src row t (of
  * src_stride floats), width floats each, for t < T. Rows are distinct. */
@@ -160,9 +229,35 @@ void en_op_rmsnorm_bwd(en_backend *be, float *dx, float *dw, const float *dy, co
 void en_op_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
                     size_t row_stride, float theta);
 
+/* en_op_rope_freq's gradient: its transpose, i.e. the inverse rotation
+ * times mscale, applied in place to dx (same layout and arguments as
+ * en_op_rope_freq; dims n_rot..D-1 unchanged). Not accumulating. */
+void en_op_rope_freq_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                         size_t row_stride, const float *inv_freq, int n_rot, float mscale);
+
 /* For y = silu(gate) * up:  dgate(n) += ...,  dup(n) += ... */
 void en_op_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
                       const float *gate, const float *up, size_t n);
+
+/* For y = gelu_tanh(gate) * up:  dgate(n) += dy up gelu_tanh'(gate),
+ * dup(n) += dy gelu_tanh(gate). dgate and dup must differ. */
+void en_op_geglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
+                     const float *gate, const float *up, size_t n);
+
+/* For y = gelu_tanh(x):  dx(n) += dy gelu_tanh'(x). */
+void en_op_gelu_bwd(en_backend *be, float *dx, const float *dy, const float *x, size_t n);
+
+/* For y = layernorm(x) * w + b (en_op_layernorm; mean and variance are
+ * recomputed from x): dx(T,C) += ..., dw(C) += sum_t dy xhat,
+ * db(C) += sum_t dy. dx must not alias dy or x. */
+void en_op_layernorm_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                         const float *x, const float *w, float eps, int T, int C);
+
+/* For y = cap tanh(x / cap):  dx(n) = dy (1 - (y / cap)^2), from the
+ * forward's OUTPUT y. dx is OVERWRITTEN (not accumulated) and may alias dy
+ * (or y). cap > 0 (checked). */
+void en_op_softcap_bwd(en_backend *be, float *dx, const float *dy, const float *y, float cap,
+                       size_t n);
 
 /* For y = table[ids]:  dtable[ids[t]] += dy[t]. */
 void en_op_embedding_bwd(en_backend *be, float *dtable, const float *dy, const int32_t *ids,
@@ -177,6 +272,11 @@ void en_op_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const 
                          const float *q, size_t q_stride, const float *k, const float *v,
                          size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
                          int D, int window);
+/* en_op_attention_bwd with parameters (see en_attn_params; ap may be NULL). */
+void en_op_attention_bwd_p(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                           const float *q, size_t q_stride, const float *k, const float *v,
+                           size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
+                           int D, const en_attn_params *ap);
 
 /* Attention that also stores its probabilities, for training without
  * recomputation (--recompute none): same arguments and result as
@@ -186,6 +286,12 @@ void en_op_attention_store(en_backend *be, float *out, float *probs, const float
                            size_t q_stride, const float *k, const float *v, size_t kv_stride,
                            const int32_t *pos, int T, int S, int H, int Hkv, int D,
                            int window);
+/* en_op_attention_store with parameters (see en_attn_params; ap may be
+ * NULL). probs are the softmax of the soft-capped scores. */
+void en_op_attention_store_p(en_backend *be, float *out, float *probs, const float *q,
+                             size_t q_stride, const float *k, const float *v, size_t kv_stride,
+                             const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                             const en_attn_params *ap);
 
 /* Attention backward from stored probabilities (en_op_attention_store):
  * as en_op_attention_bwd, without recomputing the scores. dq, dk, dv
@@ -195,6 +301,16 @@ void en_op_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
                                 size_t q_stride, const float *k, const float *v, size_t kv_stride,
                                 const int32_t *pos, int T, int S, int H, int Hkv, int D,
                                 int window);
+/* en_op_attention_bwd_stored with parameters (see en_attn_params; ap may be
+ * NULL; pass the ap the probabilities were stored with). With a soft-cap
+ * the derivative 1 - tanh^2 needs the scaled score, which is recomputed
+ * from q and k (one dot product per attended (query, key) pair more);
+ * without one nothing is recomputed. */
+void en_op_attention_bwd_stored_p(en_backend *be, float *dq, float *dk, float *dv,
+                                  const float *dout, const float *probs, const float *q,
+                                  size_t q_stride, const float *k, const float *v,
+                                  size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                  int Hkv, int D, const en_attn_params *ap);
 
 /* Cross-entropy gradient w.r.t. logits (T, V): dlogits[t] = scale[t] *
  * (softmax(logits[t]) - onehot(target[t])); rows with target < 0 get 0.

@@ -6,7 +6,9 @@
  * (token, head) pairs or, where many tokens add into one gradient, over
  * that gradient's columns or keys. It leaves out speed tricks (blocking,
  * SIMD intrinsics, fused kernels): new ops land here first and the CUDA
- * backend (issue #6) is tested against this file.
+ * backend (issue #6) is tested against this file. The ops of the other
+ * model families (rope with a frequency table, GELU / GeGLU, LayerNorm,
+ * soft-capping) live in backend_cpu_family.c and join the table here.
  *
  * Determinism: outside matmul each output element is computed by one
  * thread in a fixed order of operations that does not depend on which
@@ -34,16 +36,12 @@
 #include <omp.h>
 #include <string.h>
 
-#include "backend_impl.h"
+#include "backend_cpu_impl.h"
 
 /* OpenBLAS's own thread pool (CMake requires OpenBLAS). Its cblas.h declares
  * these as well; they are repeated so that this file states what it needs. */
 void openblas_set_num_threads(int num_threads);
 int openblas_get_num_threads(void);
-
-/* Below this many output elements (or inner-loop steps) a loop runs on the
- * calling thread: waking the OpenMP team costs more than the work. */
-#define CPU_PAR_MIN 16384
 
 typedef struct cpu_ctx {
     int blas_threads; /* 0: leave OpenBLAS at its default */
@@ -286,12 +284,26 @@ static void cpu_add(en_backend *be, float *y, const float *a, const float *b, si
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
-/* q·k * scale, summed in index order. Both passes of attn_head go through
- * this one function, so a recomputed score equals the stored one. */
-static inline float attn_score(const float *qh, const float *kh, int D, float scale) {
+/* q·k * scale, summed in index order, then the soft-cap when cap > 0:
+ * cap tanh(x / cap), in Hugging Face's order (Gemma 2: divide, tanh,
+ * multiply). Every forward path goes through this one function, so a
+ * recomputed score equals the stored one. */
+static inline float attn_score(const float *qh, const float *kh, int D, float scale, float cap) {
     float dot = 0.0f;
     for (int d = 0; d < D; d++) dot += qh[d] * kh[d];
-    return dot * scale;
+    const float x = dot * scale;
+    return cap > 0.0f ? tanhf(x / cap) * cap : x;
+}
+
+/* The soft-cap's derivative at the score of q and k, 1 - tanh^2(x / cap)
+ * with x as attn_score computes it; 1 without a cap (cap = 0), so that
+ * multiplying by it changes nothing there. For the stored-probabilities
+ * backward, which has p but not the score. */
+static inline float attn_cap_grad(const float *qh, const float *kh, int D, float scale,
+                                  float cap) {
+    if (!(cap > 0.0f)) return 1.0f;
+    const float t = tanhf(attn_score(qh, kh, D, scale, 0.0f) / cap);
+    return 1.0f - t * t;
 }
 
 /* One (query, head): softmax over keys s0..s1 (inclusive) of the scores,
@@ -300,12 +312,12 @@ static inline float attn_score(const float *qh, const float *kh, int D, float sc
  * allocated): the scores are then computed twice instead of stored. */
 static void attn_head(float *o, const float *qh, const float *k, const float *v,
                       size_t kv_stride, const int32_t *rows, int s0, int s1, int D, float scale,
-                      float *sc) {
+                      float cap, float *sc) {
     /* key s sits at row rows[s] (the paged cache), or row s */
 #define KV_ROW(s) ((size_t)(rows ? rows[s] : (s)) * kv_stride)
     float mx = -INFINITY;
     for (int s = s0; s <= s1; s++) {
-        float x = attn_score(qh, k + KV_ROW(s), D, scale);
+        float x = attn_score(qh, k + KV_ROW(s), D, scale, cap);
         if (sc) sc[s - s0] = x;
         if (x > mx) mx = x;
     }
@@ -314,7 +326,7 @@ static void attn_head(float *o, const float *qh, const float *k, const float *v,
      * largest weight is exactly 1 (sum >= 1). */
     float sum = 0.0f;
     for (int s = s0; s <= s1; s++) {
-        float x = sc ? sc[s - s0] : attn_score(qh, k + KV_ROW(s), D, scale);
+        float x = sc ? sc[s - s0] : attn_score(qh, k + KV_ROW(s), D, scale, cap);
         float p = expf(x - mx);
         const float *vh = v + KV_ROW(s); /* (D) */
         sum += p;
@@ -328,22 +340,25 @@ static void attn_head(float *o, const float *qh, const float *k, const float *v,
 static void cpu_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
                                const float *k, const float *v, size_t kv_stride,
                                const int32_t *rows, const int32_t *pos, int T, int S, int H,
-                               int Hkv, int D, int window);
+                               int Hkv, int D, const en_attn_params *ap);
 
 static void cpu_attention(en_backend *be, float *out, const float *q, size_t q_stride,
                           const float *k, const float *v, size_t kv_stride, const int32_t *pos,
-                          int T, int S, int H, int Hkv, int D, int window) {
-    cpu_attention_rows(be, out, q, q_stride, k, v, kv_stride, NULL, pos, T, S, H, Hkv, D, window);
+                          int T, int S, int H, int Hkv, int D, const en_attn_params *ap) {
+    cpu_attention_rows(be, out, q, q_stride, k, v, kv_stride, NULL, pos, T, S, H, Hkv, D, ap);
 }
 
-/* rows NULL: key s at row s (en_op_attention); else at row rows[s]. */
+/* rows NULL: key s at row s (en_op_attention); else at row rows[s]. Each
+ * (query, head) is one attn_head call that depends on nothing else of the
+ * batch, hence the batch invariance backend.h promises. */
 static void cpu_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
                                const float *k, const float *v, size_t kv_stride,
                                const int32_t *rows, const int32_t *pos, int T, int S, int H,
-                               int Hkv, int D, int window) {
+                               int Hkv, int D, const en_attn_params *ap) {
     cpu_ctx *c = be->ctx;
     const int group = H / Hkv; /* query heads per kv head */
-    const float scale = (float)(1.0 / sqrt((double)D));
+    const int window = ap->window;
+    const float scale = ap->scale, cap = ap->softcap;
     const long long n_items = (long long)T * H;
     float *scratch = cpu_scratch(c, (size_t)be->n_threads * (size_t)S * sizeof(float));
     if (!scratch) {
@@ -364,7 +379,7 @@ static void cpu_attention_rows(en_backend *be, float *out, const float *q, size_
         float *sc = scratch ? scratch + (size_t)omp_get_thread_num() * (size_t)S : NULL;
         attn_head(out + (size_t)i * D, q + (size_t)t * q_stride + (size_t)h * D,
                   k + (size_t)kvh * D, v + (size_t)kvh * D, kv_stride, rows, s0, s1, D, scale,
-                  sc);
+                  cap, sc);
     }
 }
 
@@ -382,9 +397,9 @@ static void cpu_rows_scatter(en_backend *be, float *dst, size_t dst_stride, cons
 static void cpu_attention_store(en_backend *be, float *out, float *probs, const float *q,
                                 size_t q_stride, const float *k, const float *v,
                                 size_t kv_stride, const int32_t *pos, int T, int S, int H,
-                                int Hkv, int D, int window) {
-    const int group = H / Hkv;
-    const float scale = (float)(1.0 / sqrt((double)D));
+                                int Hkv, int D, const en_attn_params *ap) {
+    const int group = H / Hkv, window = ap->window;
+    const float scale = ap->scale, cap = ap->softcap;
     const long long n_items = (long long)T * H;
 #pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 4) \
     if ((size_t)n_items * (size_t)S * (size_t)D >= CPU_PAR_MIN)
@@ -399,9 +414,7 @@ static void cpu_attention_store(en_backend *be, float *out, float *probs, const 
         float mx = -INFINITY;
         for (int s = s0; s <= s1; s++) {
             const float *kr = k + (size_t)s * kv_stride + (size_t)kvh * D;
-            float dot = 0.0f;
-            for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
-            pr[s] = dot * scale;
+            pr[s] = attn_score(qr, kr, D, scale, cap);
             if (pr[s] > mx) mx = pr[s];
         }
         double sum = 0.0;
@@ -420,18 +433,20 @@ static void cpu_attention_store(en_backend *be, float *out, float *probs, const 
 }
 
 /* Backward from stored probabilities. Pass 1, per (query, head): dp_s =
- * dout . v_s, r = sum_s p_s dp_s, dq += scale * sum_s p_s (dp_s - r) k_s;
+ * dout . v_s, r = sum_s p_s dp_s, dq += scale * sum_s p_s (dp_s - r) f_s k_s;
  * r is kept. Pass 2, per (kv head, key): dv_s += sum p dout and dk_s +=
- * scale * sum p (dout . v_s - r) q over the queries and heads of the group
- * that attend s, so each dk / dv row has one writer. */
+ * scale * sum p (dout . v_s - r) f_s q over the queries and heads of the
+ * group that attend s, so each dk / dv row has one writer. f_s is the
+ * soft-cap's derivative at the score (attn_cap_grad: recomputed from q
+ * and k when there is a cap, else 1 and no dot product). */
 static void cpu_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
                                      const float *dout, const float *probs, const float *q,
                                      size_t q_stride, const float *k, const float *v,
                                      size_t kv_stride, const int32_t *pos, int T, int S, int H,
-                                     int Hkv, int D, int window) {
+                                     int Hkv, int D, const en_attn_params *ap) {
     cpu_ctx *c = be->ctx;
-    const int group = H / Hkv;
-    const float scale = (float)(1.0 / sqrt((double)D));
+    const int group = H / Hkv, window = ap->window;
+    const float scale = ap->scale, cap = ap->softcap;
     const long long n_items = (long long)T * H;
     float *rsum = cpu_scratch(c, (size_t)n_items * sizeof(float));
     EN_ASSERT(rsum != NULL); /* T*H floats; the training arena is far larger */
@@ -457,7 +472,9 @@ static void cpu_attention_bwd_stored(en_backend *be, float *dq, float *dk, float
             const float *kr = k + (size_t)s * kv_stride + (size_t)kvh * D;
             float dp = 0.0f;
             for (int d = 0; d < D; d++) dp += g[d] * vr[d];
-            const float ds = pr[s] * (dp - (float)r) * scale;
+            const float f = attn_cap_grad(q + (size_t)t * q_stride + (size_t)h * D, kr, D, scale,
+                                          cap);
+            const float ds = pr[s] * (dp - (float)r) * f * scale;
             for (int d = 0; d < D; d++) dqr[d] += ds * kr[d];
         }
     }
@@ -468,6 +485,7 @@ static void cpu_attention_bwd_stored(en_backend *be, float *dq, float *dk, float
     for (long long j = 0; j < n_keys; j++) {
         const int kvh = (int)(j / S), s = (int)(j % S);
         const float *vr = v + (size_t)s * kv_stride + (size_t)kvh * D;
+        const float *kr = k + (size_t)s * kv_stride + (size_t)kvh * D;
         float *dkr = dk ? dk + (size_t)s * kv_stride + (size_t)kvh * D : NULL;
         float *dvr = dv ? dv + (size_t)s * kv_stride + (size_t)kvh * D : NULL;
         for (int t = 0; t < T; t++) {
@@ -484,7 +502,8 @@ static void cpu_attention_bwd_stored(en_backend *be, float *dq, float *dk, float
                 if (dkr) {
                     float dp = 0.0f;
                     for (int d = 0; d < D; d++) dp += g[d] * vr[d];
-                    const float ds = p * (dp - rsum[i]) * scale;
+                    const float f = attn_cap_grad(qr, kr, D, scale, cap);
+                    const float ds = p * (dp - rsum[i]) * f * scale;
                     for (int d = 0; d < D; d++) dkr[d] += ds * qr[d];
                 }
             }
@@ -521,10 +540,6 @@ static void cpu_cross_entropy(en_backend *be, float *nll, const float *logits,
  * embedding rows, attention keys) the loop is split over those outputs, not
  * over the tokens, so no two threads ever write the same element. */
 
-/* Columns per work item in the column-split loops: 64 floats are four
- * cache lines, so threads rarely share a line. */
-#define CPU_COL_BLOCK 64
-
 static void cpu_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
                            const float *x, const float *w, int M, int N, int K) {
     cpu_ctx *c = be->ctx;
@@ -552,9 +567,6 @@ static void cpu_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, cons
         for (int j = 0; j < nn; j++) db[n0 + j] += (float)acc[j];
     }
 }
-
-/* Rows per round of rmsnorm_bwd: their 1/rms values live on the stack. */
-#define CPU_ROW_CHUNK 256
 
 /* y = x s w with s = (mean(x^2) + eps)^(-1/2). Since ds/dx_j = -s^3 x_j / C,
  *   dx_j = s (w_j dy_j - x_j s^2 / C * sum_i dy_i w_i x_i),
@@ -665,7 +677,11 @@ static void cpu_embedding_bwd(en_backend *be, float *dtable, const float *dy, co
  * kernel) but each dk / dv / dq element is then summed by one item in a
  * fixed order (t, then h, then s): no atomics, no per-thread copies of dk
  * and dv, and the same bits for any thread count. The sums over keys or
- * queries run in double; dot products over D in float. */
+ * queries run in double; dot products over D in float.
+ * With a soft-cap the score is z = cap tanh(x / cap) of x = q·k * scale;
+ * ds_s is then the gradient w.r.t. z, and the chain rule adds the factor
+ * dz/dx = 1 - tanh^2 = f_s: dq += scale sum_s ds_s f_s k_s and dk_s +=
+ * scale ds_s f_s q (f_s = 1 without a cap). */
 
 #define CPU_ATTN_KB 16 /* keys per pass-2 work item */
 
@@ -683,8 +699,18 @@ typedef struct attn_stat {
  * same ones in both passes. */
 static inline float attn_dot(const float *a, const float *b, int D) { return dot_f32(a, b, D); }
 
-static inline float attn_bwd_score(const float *qh, const float *kh, int D, float scale) {
-    return dot_f32(qh, kh, D) * scale;
+/* The score z of q and k as the backward computes it, and in *f the
+ * soft-cap's derivative dz/dx (1 when cap = 0: no cap). */
+static inline float attn_bwd_score(const float *qh, const float *kh, int D, float scale,
+                                   float cap, float *f) {
+    const float x = dot_f32(qh, kh, D) * scale;
+    if (!(cap > 0.0f)) {
+        *f = 1.0f;
+        return x;
+    }
+    const float t = tanhf(x / cap);
+    *f = 1.0f - t * t;
+    return t * cap;
 }
 
 /* The probability of a key from its score and the row statistics. Pass 1
@@ -695,15 +721,16 @@ static inline float attn_prob(float score, const attn_stat *st) {
 
 /* Pass 1 for one (query, head) over keys s0..s1 (inclusive): returns the row
  * statistics and, when dqh is not NULL, adds dqh (D) += scale * sum_s ds_s
- * k_s. k and v point at this kv head of key 0. pb and dpb hold
+ * f_s k_s. k and v point at this kv head of key 0. pb, dpb and fb hold
  * s1 - s0 + 1 floats each, acc D doubles. */
 static attn_stat attn_bwd_query(float *dqh, const float *qh, const float *doh, const float *k,
                                 const float *v, size_t kv_stride, int s0, int s1, int D,
-                                float scale, float *pb, float *dpb, double *acc) {
+                                float scale, float cap, float *pb, float *dpb, float *fb,
+                                double *acc) {
     const int L = s1 - s0 + 1;
     attn_stat st = {-INFINITY, 0.0f, 0.0f};
     for (int j = 0; j < L; j++) {
-        pb[j] = attn_bwd_score(qh, k + (size_t)(s0 + j) * kv_stride, D, scale);
+        pb[j] = attn_bwd_score(qh, k + (size_t)(s0 + j) * kv_stride, D, scale, cap, &fb[j]);
         if (pb[j] > st.mx) st.mx = pb[j];
     }
     double sum = 0.0; /* >= 1: the max term is exp(0) */
@@ -720,7 +747,7 @@ static attn_stat attn_bwd_query(float *dqh, const float *qh, const float *doh, c
     if (!dqh) return st;
     for (int d = 0; d < D; d++) acc[d] = 0.0;
     for (int j = 0; j < L; j++) {
-        const float ds = pb[j] * (dpb[j] - st.delta);
+        const float ds = pb[j] * (dpb[j] - st.delta) * fb[j];
         const float *kh = k + (size_t)(s0 + j) * kv_stride; /* (D) */
         for (int d = 0; d < D; d++) acc[d] += (double)ds * (double)kh[d];
     }
@@ -735,13 +762,13 @@ static inline void attn_range(const int32_t *pos, int t, int window, int *s0, in
 }
 
 /* Pass 2 for keys b0..b1 (inclusive, b1 - b0 < CPU_ATTN_KB) of kv head kvh:
- * dv_s += sum p do and dk_s += scale * sum ds q over every (query t, head h
- * of the group) that attends key s, in the order t, h. acc holds
+ * dv_s += sum p do and dk_s += scale * sum ds f q over every (query t, head
+ * h of the group) that attends key s, in the order t, h. acc holds
  * 2 * CPU_ATTN_KB * D doubles. Keys no query attends are not touched. */
 static void attn_bwd_keys(float *dk, float *dv, const float *dout, const float *q, size_t q_stride,
                           const float *k, const float *v, size_t kv_stride, const int32_t *pos,
                           const attn_stat *st, int T, int H, int group, int kvh, int D, int window,
-                          float scale, int b0, int b1, double *acc) {
+                          float scale, float cap, int b0, int b1, double *acc) {
     const int nb = b1 - b0 + 1;
     double *adk = acc, *adv = acc + (size_t)CPU_ATTN_KB * D; /* (nb, D) each */
     memset(adk, 0, (size_t)nb * D * sizeof *adk);
@@ -759,7 +786,8 @@ static void attn_bwd_keys(float *dk, float *dv, const float *dout, const float *
             const attn_stat *rs = st + (size_t)t * H + h;
             for (int s = lo; s <= hi; s++) {
                 const float *ks = kb + (size_t)s * kv_stride, *vs = vb + (size_t)s * kv_stride;
-                const float p = attn_prob(attn_bwd_score(qh, ks, D, scale), rs);
+                float f;
+                const float p = attn_prob(attn_bwd_score(qh, ks, D, scale, cap, &f), rs);
                 const size_t j = (size_t)(s - b0);
                 used[j] = 1;
                 if (dv) {
@@ -767,7 +795,7 @@ static void attn_bwd_keys(float *dk, float *dv, const float *dout, const float *
                     for (int d = 0; d < D; d++) a[d] += (double)p * (double)doh[d];
                 }
                 if (dk) {
-                    const float ds = p * (attn_dot(doh, vs, D) - rs->delta);
+                    const float ds = p * (attn_dot(doh, vs, D) - rs->delta) * f;
                     double *a = adk + j * D;
                     for (int d = 0; d < D; d++) a[d] += (double)ds * (double)qh[d];
                 }
@@ -790,7 +818,8 @@ static void attn_bwd_keys(float *dk, float *dv, const float *dout, const float *
 static void attn_bwd_serial(float *dq, float *dk, float *dv, const float *dout, const float *q,
                             size_t q_stride, const float *k, const float *v, size_t kv_stride,
                             const int32_t *pos, int T, int H, int group, int D, int window,
-                            float scale) {
+                            float scale, float cap) {
+    float f;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
             const int kvh = h / group;
@@ -799,24 +828,23 @@ static void attn_bwd_serial(float *dq, float *dk, float *dv, const float *dout, 
             const float *qh = q + (size_t)t * q_stride + (size_t)h * D;
             const float *doh = dout + ((size_t)t * H + h) * D;
             const float *kb = k + (size_t)kvh * D, *vb = v + (size_t)kvh * D;
+#define SCORE(s) attn_bwd_score(qh, kb + (size_t)(s) * kv_stride, D, scale, cap, &f)
             attn_stat st = {-INFINITY, 0.0f, 0.0f};
             for (int s = s0; s <= s1; s++) {
-                float x = attn_bwd_score(qh, kb + (size_t)s * kv_stride, D, scale);
+                float x = SCORE(s);
                 if (x > st.mx) st.mx = x;
             }
             double sum = 0.0, delta = 0.0;
-            for (int s = s0; s <= s1; s++)
-                sum += expf(attn_bwd_score(qh, kb + (size_t)s * kv_stride, D, scale) - st.mx);
+            for (int s = s0; s <= s1; s++) sum += expf(SCORE(s) - st.mx);
             st.inv = (float)(1.0 / sum);
             for (int s = s0; s <= s1; s++)
-                delta += (double)attn_prob(attn_bwd_score(qh, kb + (size_t)s * kv_stride, D, scale),
-                                           &st) *
+                delta += (double)attn_prob(SCORE(s), &st) *
                          (double)attn_dot(doh, vb + (size_t)s * kv_stride, D);
             st.delta = (float)delta;
             for (int s = s0; s <= s1; s++) {
                 const float *ks = kb + (size_t)s * kv_stride, *vs = vb + (size_t)s * kv_stride;
-                const float p = attn_prob(attn_bwd_score(qh, ks, D, scale), &st);
-                const float ds = p * (attn_dot(doh, vs, D) - st.delta);
+                const float p = attn_prob(SCORE(s), &st);
+                const float ds = p * (attn_dot(doh, vs, D) - st.delta) * f;
                 const size_t off = (size_t)s * kv_stride + (size_t)kvh * D;
                 for (int d = 0; d < D; d++) {
                     if (dq) dq[(size_t)t * q_stride + (size_t)h * D + d] += scale * ds * ks[d];
@@ -824,6 +852,7 @@ static void attn_bwd_serial(float *dq, float *dk, float *dv, const float *dout, 
                     if (dv) dv[off + d] += p * doh[d];
                 }
             }
+#undef SCORE
         }
 }
 
@@ -833,16 +862,17 @@ static size_t cpu_round64(size_t n) { return (n + 63) & ~(size_t)63; }
 static void cpu_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
                               const float *q, size_t q_stride, const float *k, const float *v,
                               size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
-                              int D, int window) {
+                              int D, const en_attn_params *ap) {
     cpu_ctx *c = be->ctx;
     const int group = H / Hkv; /* query heads per kv head */
-    const float scale = (float)(1.0 / sqrt((double)D));
+    const int window = ap->window;
+    const float scale = ap->scale, cap = ap->softcap;
     const long long n_items = (long long)T * H;
     /* Scratch: the statistics of every (t, h), then one slice per thread,
-     * reused by both passes: pass 1 needs D doubles and two rows of S
+     * reused by both passes: pass 1 needs D doubles and three rows of S
      * floats, pass 2 two (CPU_ATTN_KB, D) blocks of doubles. */
     const size_t stat_bytes = cpu_round64((size_t)n_items * sizeof(attn_stat));
-    const size_t p1 = (size_t)D * sizeof(double) + 2 * (size_t)S * sizeof(float);
+    const size_t p1 = (size_t)D * sizeof(double) + 3 * (size_t)S * sizeof(float);
     const size_t p2 = 2 * (size_t)CPU_ATTN_KB * (size_t)D * sizeof(double);
     const size_t slice = cpu_round64(p1 > p2 ? p1 : p2);
     unsigned char *scr = cpu_scratch(c, stat_bytes + (size_t)be->n_threads * slice);
@@ -850,7 +880,7 @@ static void cpu_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, c
         EN_LOGW("attention_bwd: no memory for %d x %zu bytes of scratch; running on one thread",
                 be->n_threads, slice);
         attn_bwd_serial(dq, dk, dv, dout, q, q_stride, k, v, kv_stride, pos, T, H, group, D, window,
-                        scale);
+                        scale, cap);
         return;
     }
     attn_stat *st = (attn_stat *)scr; /* (T, H) */
@@ -867,10 +897,11 @@ static void cpu_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, c
         double *acc = (double *)mine;                             /* (D) */
         float *pb = (float *)(mine + (size_t)D * sizeof(double)); /* (S) */
         float *dpb = pb + S;                                      /* (S) */
+        float *fb = dpb + S;                                      /* (S) */
         st[i] = attn_bwd_query(dq ? dq + (size_t)t * q_stride + (size_t)h * D : NULL,
                                q + (size_t)t * q_stride + (size_t)h * D, dout + (size_t)i * D,
                                k + (size_t)kvh * D, v + (size_t)kvh * D, kv_stride, s0, s1, D,
-                               scale, pb, dpb, acc);
+                               scale, cap, pb, dpb, fb, acc);
     }
     if (!dk && !dv) return;
 
@@ -887,7 +918,7 @@ static void cpu_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, c
         const int b1 = b0 + CPU_ATTN_KB - 1 < s_max ? b0 + CPU_ATTN_KB - 1 : s_max;
         double *acc = (double *)(scr + stat_bytes + (size_t)omp_get_thread_num() * slice);
         attn_bwd_keys(dk, dv, dout, q, q_stride, k, v, kv_stride, pos, st, T, H, group, kvh, D,
-                      window, scale, b0, b1, acc);
+                      window, scale, cap, b0, b1, acc);
     }
 }
 
@@ -1013,6 +1044,16 @@ static const en_backend_ops cpu_ops = {
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
     .adamw = cpu_adamw,
+    .rope_freq = en_cpu_rope_freq,
+    .rope_freq_bwd = en_cpu_rope_freq_bwd,
+    .geglu = en_cpu_geglu,
+    .geglu_bwd = en_cpu_geglu_bwd,
+    .gelu = en_cpu_gelu,
+    .gelu_bwd = en_cpu_gelu_bwd,
+    .layernorm = en_cpu_layernorm,
+    .layernorm_bwd = en_cpu_layernorm_bwd,
+    .softcap = en_cpu_softcap,
+    .softcap_bwd = en_cpu_softcap_bwd,
 };
 
 /* cfg may be NULL (defaults). Errors: EN_ERR_ARG (n_threads < 0),

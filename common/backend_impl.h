@@ -8,8 +8,12 @@
  *    and cross_entropy's (and cross_entropy_bwd's) V, which may be 0 (then
  *    every target is < 0);
  *  - the checks documented in backend.c have passed (H % Hkv == 0,
- *    0 <= pos[t] < S, D even for rope, targets < V, ids >= 0 for
+ *    0 <= pos[t] < S, D even for rope, n_rot even and in (0, D] for
+ *    rope_freq, cap > 0 for softcap, targets < V, ids >= 0 for
  *    embedding_bwd, t >= 1 for adamw, ...);
+ *  - the attention entries receive a non-NULL en_attn_params with its
+ *    defaults resolved: window >= 0, scale > 0 (0 has become 1/sqrt(D)),
+ *    softcap >= 0 (0 = off);
  *  - gradient outputs of the *_bwd ops may be NULL (skip them); the
  *    accumulate / overwrite contract is the one in backend.h.
  * Implementations: backend_cpu.c (the reference) and, with issue #6,
@@ -49,13 +53,13 @@ typedef struct en_backend_ops {
     void (*add)(en_backend *be, float *y, const float *a, const float *b, size_t n);
     void (*attention)(en_backend *be, float *out, const float *q, size_t q_stride,
                       const float *k, const float *v, size_t kv_stride, const int32_t *pos,
-                      int T, int S, int H, int Hkv, int D, int window);
+                      int T, int S, int H, int Hkv, int D, const en_attn_params *ap);
     void (*cross_entropy)(en_backend *be, float *nll, const float *logits,
                           const int32_t *target, int T, int V);
     void (*attention_rows)(en_backend *be, float *out, const float *q, size_t q_stride,
                            const float *k, const float *v, size_t kv_stride,
                            const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
-                           int Hkv, int D, int window);
+                           int Hkv, int D, const en_attn_params *ap);
     void (*rows_scatter)(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
                          const float *src, size_t src_stride, int T, int width);
 
@@ -73,21 +77,42 @@ typedef struct en_backend_ops {
     void (*attention_bwd)(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
                           const float *q, size_t q_stride, const float *k, const float *v,
                           size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv, int D,
-                          int window);
+                          const en_attn_params *ap);
     void (*attention_store)(en_backend *be, float *out, float *probs, const float *q,
                             size_t q_stride, const float *k, const float *v, size_t kv_stride,
-                            const int32_t *pos, int T, int S, int H, int Hkv, int D, int window);
+                            const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                            const en_attn_params *ap);
     void (*attention_bwd_stored)(en_backend *be, float *dq, float *dk, float *dv,
                                  const float *dout, const float *probs, const float *q,
                                  size_t q_stride, const float *k, const float *v,
                                  size_t kv_stride, const int32_t *pos, int T, int S, int H,
-                                 int Hkv, int D, int window);
+                                 int Hkv, int D, const en_attn_params *ap);
     void (*cross_entropy_bwd)(en_backend *be, float *dlogits, const float *logits,
                               const int32_t *target, const float *scale, int T, int V);
     double (*sumsq)(en_backend *be, const float *x, size_t n);
     void (*scale)(en_backend *be, float *x, float s, size_t n);
     void (*adamw)(en_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr,
                   float b1, float b2, float eps, float wd, int t);
+
+    /* The ops of the other model families (GPT-2, Gemma, Phi, ...), same
+     * arguments as en_op_*. Kept at the end so that positional initialisers
+     * (backend_cuda.cu, C++17) stay easy to follow. */
+    void (*rope_freq)(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                      size_t row_stride, const float *inv_freq, int n_rot, float mscale);
+    void (*rope_freq_bwd)(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                          size_t row_stride, const float *inv_freq, int n_rot, float mscale);
+    void (*geglu)(en_backend *be, float *y, const float *gate, const float *up, size_t n);
+    void (*geglu_bwd)(en_backend *be, float *dgate, float *dup, const float *dy,
+                      const float *gate, const float *up, size_t n);
+    void (*gelu)(en_backend *be, float *y, const float *x, size_t n);
+    void (*gelu_bwd)(en_backend *be, float *dx, const float *dy, const float *x, size_t n);
+    void (*layernorm)(en_backend *be, float *y, const float *x, const float *w, const float *b,
+                      float eps, int T, int C);
+    void (*layernorm_bwd)(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                          const float *x, const float *w, float eps, int T, int C);
+    void (*softcap)(en_backend *be, float *y, const float *x, float cap, size_t n);
+    void (*softcap_bwd)(en_backend *be, float *dx, const float *dy, const float *y, float cap,
+                        size_t n);
 } en_backend_ops;
 
 struct en_backend {

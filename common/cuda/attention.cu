@@ -5,7 +5,12 @@
  * The launchers are declared in kernels.cuh; backend_cuda.cu's op table
  * calls them. Semantics are those of backend.h and of the reference in
  * backend_cpu.c: query t (at position pos[t]) attends keys s with
- * s <= pos[t] and, when window > 0, s > pos[t] - window; scale 1/sqrt(D);
+ * s <= pos[t] and, when window > 0, s > pos[t] - window; the score is
+ * q.k * scale (the launchers receive the scale backend.c resolved, 1/sqrt(D)
+ * by default) and, when softcap > 0, softcap * tanh(score / softcap)
+ * (Gemma 2) before the mask and softmax; the backwards multiply ds by the
+ * soft-cap's derivative 1 - tanh^2, recomputing the score from q and k
+ * where they need it (the STORED backward only with a soft-cap);
  * query head h reads kv head h / (H/Hkv); gradients accumulate (+=).
  *
  * Kernels (float32 storage and arithmetic; sums that run over many keys
@@ -103,6 +108,13 @@ __device__ __forceinline__ float attn_dot(const float *a, const float *b, int D)
     return acc;
 }
 
+/* The soft-cap (Gemma 2): cap tanh(x / cap) when cap > 0, in Hugging
+ * Face's order (divide, tanh, multiply) as backend_cpu.c; x otherwise.
+ * cap is a kernel argument, so the branch is uniform. */
+__device__ __forceinline__ float attn_cap(float x, float cap) {
+    return cap > 0.0f ? tanhf(x / cap) * cap : x;
+}
+
 /* The keys query t attends: s0..s1 (inclusive), as in backend_cpu.c. s1 is
  * clamped to S - 1 so that a bad pos cannot read past the cache; a row
  * with s1 < s0 attends nothing. */
@@ -144,7 +156,8 @@ template <int DPL, int RW, bool STORE>
 __global__ void __launch_bounds__(ATTN_NW * 32)
     attn_fwd_kernel(float *out, float *probs, const float *q, size_t q_stride, const float *k,
                     const float *v, size_t kv_stride, const int32_t *kv_rows, const int32_t *pos,
-                    int T, int S, int H, int group, int D, int window, float scale) {
+                    int T, int S, int H, int group, int D, int window, float scale,
+                    float softcap) {
     constexpr int R = ATTN_NW * RW; /* rows per block */
     extern __shared__ float smem[];
     /* sK: lane j reads row j; the odd stride D+1 spreads the lanes over the banks. */
@@ -198,7 +211,9 @@ __global__ void __launch_bounds__(ATTN_NW * 32)
             const int s = kt + lane;
             const bool valid = lane < nk && s >= rs0[rr] && s <= rs1[rr];
             float x = -INFINITY;
-            if (valid) x = attn_dot(sQ + (w * RW + rr) * D, sK + lane * (D + 1), D) * scale;
+            if (valid)
+                x = attn_cap(attn_dot(sQ + (w * RW + rr) * D, sK + lane * (D + 1), D) * scale,
+                             softcap);
             if (STORE && valid) probs[((size_t)rt[rr] * H + rh[rr]) * S + s] = x;
             const float mt = attn_warp_max(x);
             if (mt == -INFINITY) continue; /* no key of this tile for this row (uniform) */
@@ -261,7 +276,7 @@ __global__ void __launch_bounds__(ATTN_DW * 32)
     attn_decode_fwd_kernel(float *out, const float *q, size_t q_stride, const float *k,
                            const float *v, size_t kv_stride, const int32_t *kv_rows,
                            const int32_t *pos, int S, int H, int group, int D, int window,
-                           float scale) {
+                           float scale, float softcap) {
     __shared__ float s_m[ATTN_DW];
     __shared__ double s_l[ATTN_DW];
     __shared__ double s_o[ATTN_DW][32 * DPL];
@@ -302,7 +317,7 @@ __global__ void __launch_bounds__(ATTN_DW * 32)
         float mt = -INFINITY; /* finite: key `base` is allowed */
 #pragma unroll
         for (int u = 0; u < ATTN_U; u++) {
-            x[u] = attn_warp_sum(x[u]) * scale;
+            x[u] = attn_cap(attn_warp_sum(x[u]) * scale, softcap);
             if (base + u <= s1) mt = fmaxf(mt, x[u]);
         }
         /* Uniform branch: x has the same bits in every lane. */
@@ -367,7 +382,7 @@ __global__ void __launch_bounds__(ATTN_NW * 32)
     attn_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const float *probs,
                     const float *q, size_t q_stride, const float *k, const float *v,
                     size_t kv_stride, const int32_t *pos, int T, int S, int H, int group, int D,
-                    int window, float scale) {
+                    int window, float scale, float softcap) {
     constexpr int R = ATTN_NW * RW;
     extern __shared__ float smem[];
     float *sK = smem;                   /* (BK, D+1) */
@@ -439,7 +454,8 @@ __global__ void __launch_bounds__(ATTN_NW * 32)
                 if (STORED)
                     p = probs[((size_t)rt[rr] * H + rh[rr]) * S + s];
                 else
-                    x = attn_dot(sQ + (w * RW + rr) * D, sK + lane * (D + 1), D) * scale;
+                    x = attn_cap(attn_dot(sQ + (w * RW + rr) * D, sK + lane * (D + 1), D) * scale,
+                                 softcap);
             }
             if (STORED) {
                 dd[rr] += attn_warp_sum_d((double)p * (double)dp);
@@ -473,7 +489,8 @@ __global__ void __launch_bounds__(ATTN_NW * 32)
     for (int rr = 0; rr < RW; rr++)
 #pragma unroll
         for (int i = 0; i < DPL; i++) acc[rr][i] = 0.0;
-    const bool need_k = !STORED || dq != NULL;
+    /* K: for the scores (recomputed), dq, and the soft-cap's derivative. */
+    const bool need_k = !STORED || dq != NULL || softcap > 0.0f;
     for (int kt = lo; kt <= hi; kt += ATTN_BK) {
         const int nk = min(ATTN_BK, hi - kt + 1);
         __syncthreads(); /* pass A and the previous tile are done with sK, sV, sP, sDS */
@@ -492,14 +509,21 @@ __global__ void __launch_bounds__(ATTN_NW * 32)
             float p = 0.0f, ds = 0.0f;
             if (valid) {
                 const float dp = attn_dot(sDO + (w * RW + rr) * D, sV + lane * (D + 1), D);
-                if (STORED) {
-                    p = probs[((size_t)rt[rr] * H + rh[rr]) * S + s];
-                } else {
-                    const float x =
-                        attn_dot(sQ + (w * RW + rr) * D, sK + lane * (D + 1), D) * scale;
-                    p = expf(x - m[rr]) * inv[rr];
+                /* x: the scaled score, needed unless STORED without a cap;
+                 * f: the soft-cap's derivative dz/dx (1 without one). */
+                float x = 0.0f, f = 1.0f;
+                if (!STORED || softcap > 0.0f)
+                    x = attn_dot(sQ + (w * RW + rr) * D, sK + lane * (D + 1), D) * scale;
+                if (softcap > 0.0f) {
+                    const float th = tanhf(x / softcap);
+                    f = 1.0f - th * th;
+                    x = th * softcap;
                 }
-                ds = p * (dp - delta[rr]);
+                if (STORED)
+                    p = probs[((size_t)rt[rr] * H + rh[rr]) * S + s];
+                else
+                    p = expf(x - m[rr]) * inv[rr];
+                ds = p * (dp - delta[rr]) * f;
             }
             sP[(w * RW + rr) * ATTN_BK + lane] = p;
             sDS[(w * RW + rr) * ATTN_BK + lane] = ds;
@@ -591,13 +615,11 @@ template <typename K> static void attn_smem_opt_in(const char *fn, K *kernel, si
     }
 }
 
-static float attn_scale(int D) { return (float)(1.0 / sqrt((double)D)); }
-
 template <int DPL, bool STORE>
 static void attn_fwd_launch(const char *fn, cudaStream_t st, float *out, float *probs,
                             const float *q, size_t q_stride, const float *k, const float *v,
                             size_t kv_stride, const int32_t *kv_rows, const int32_t *pos, int T,
-                            int S, int H, int Hkv, int D, int window) {
+                            int S, int H, int Hkv, int D, int window, float scale, float softcap) {
     constexpr int RW = attn_rows_per_warp<DPL>::value, R = ATTN_NW * RW;
     const int group = H / Hkv;
     const size_t smem = attn_fwd_smem<DPL>(D);
@@ -605,7 +627,7 @@ static void attn_fwd_launch(const char *fn, cudaStream_t st, float *out, float *
     const dim3 grid((unsigned)(((long long)T * group + R - 1) / R), (unsigned)Hkv);
     attn_fwd_kernel<DPL, RW, STORE>
         <<<grid, ATTN_NW * 32, smem, st>>>(out, probs, q, q_stride, k, v, kv_stride, kv_rows, pos,
-                                           T, S, H, group, D, window, attn_scale(D));
+                                           T, S, H, group, D, window, scale, softcap);
     ATTN_CHECK(fn);
 }
 
@@ -613,9 +635,9 @@ template <int DPL>
 static void attn_decode_launch(const char *fn, cudaStream_t st, float *out, const float *q,
                                size_t q_stride, const float *k, const float *v, size_t kv_stride,
                                const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
-                               int Hkv, int D, int window) {
+                               int Hkv, int D, int window, float scale, float softcap) {
     attn_decode_fwd_kernel<DPL><<<(unsigned)(T * H), ATTN_DW * 32, 0, st>>>(
-        out, q, q_stride, k, v, kv_stride, kv_rows, pos, S, H, H / Hkv, D, window, attn_scale(D));
+        out, q, q_stride, k, v, kv_stride, kv_rows, pos, S, H, H / Hkv, D, window, scale, softcap);
     ATTN_CHECK(fn);
 }
 
@@ -623,7 +645,8 @@ template <int DPL, bool STORED>
 static void attn_bwd_launch(const char *fn, cudaStream_t st, float *dq, float *dk, float *dv,
                             const float *dout, const float *probs, const float *q, size_t q_stride,
                             const float *k, const float *v, size_t kv_stride, const int32_t *pos,
-                            int T, int S, int H, int Hkv, int D, int window) {
+                            int T, int S, int H, int Hkv, int D, int window, float scale,
+                            float softcap) {
     constexpr int RW = attn_rows_per_warp<DPL>::value, R = ATTN_NW * RW;
     const int group = H / Hkv;
     const size_t smem = attn_bwd_smem<DPL>(D);
@@ -631,7 +654,7 @@ static void attn_bwd_launch(const char *fn, cudaStream_t st, float *dq, float *d
     const dim3 grid((unsigned)(((long long)T * group + R - 1) / R), (unsigned)Hkv);
     attn_bwd_kernel<DPL, RW, STORED>
         <<<grid, ATTN_NW * 32, smem, st>>>(dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride,
-                                           pos, T, S, H, group, D, window, attn_scale(D));
+                                           pos, T, S, H, group, D, window, scale, softcap);
     ATTN_CHECK(fn);
 }
 
@@ -648,20 +671,21 @@ static int attn_dpl(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : 8
 
 void en_cuda_attention(cudaStream_t s, float *out, const float *q, size_t q_stride, const float *k,
                        const float *v, size_t kv_stride, const int32_t *kv_rows, const int32_t *pos,
-                       int T, int S, int H, int Hkv, int D, int window) {
+                       int T, int S, int H, int Hkv, int D, int window, float scale,
+                       float softcap) {
     static const char fn[] = "en_cuda_attention";
     attn_check_shape(fn, T, S, H, Hkv, D);
     if (T == 0) return;
     if (T <= ATTN_DECODE_T) {
 #define ATTN_CALL(DPL)                                                                             \
     attn_decode_launch<DPL>(fn, s, out, q, q_stride, k, v, kv_stride, kv_rows, pos, T, S, H, Hkv,  \
-                            D, window)
+                            D, window, scale, softcap)
         ATTN_DISPATCH(D, ATTN_CALL)
 #undef ATTN_CALL
     } else {
 #define ATTN_CALL(DPL)                                                                             \
     attn_fwd_launch<DPL, false>(fn, s, out, NULL, q, q_stride, k, v, kv_stride, kv_rows, pos, T,   \
-                                S, H, Hkv, D, window)
+                                S, H, Hkv, D, window, scale, softcap)
         ATTN_DISPATCH(D, ATTN_CALL)
 #undef ATTN_CALL
     }
@@ -669,13 +693,14 @@ void en_cuda_attention(cudaStream_t s, float *out, const float *q, size_t q_stri
 
 void en_cuda_attention_store(cudaStream_t s, float *out, float *probs, const float *q,
                              size_t q_stride, const float *k, const float *v, size_t kv_stride,
-                             const int32_t *pos, int T, int S, int H, int Hkv, int D, int window) {
+                             const int32_t *pos, int T, int S, int H, int Hkv, int D, int window,
+                             float scale, float softcap) {
     static const char fn[] = "en_cuda_attention_store";
     attn_check_shape(fn, T, S, H, Hkv, D);
     if (T == 0) return;
 #define ATTN_CALL(DPL)                                                                             \
     attn_fwd_launch<DPL, true>(fn, s, out, probs, q, q_stride, k, v, kv_stride, NULL, pos, T, S,   \
-                               H, Hkv, D, window)
+                               H, Hkv, D, window, scale, softcap)
     ATTN_DISPATCH(D, ATTN_CALL)
 #undef ATTN_CALL
 }
@@ -683,13 +708,13 @@ void en_cuda_attention_store(cudaStream_t s, float *out, float *probs, const flo
 void en_cuda_attention_bwd(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout,
                            const float *q, size_t q_stride, const float *k, const float *v,
                            size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
-                           int D, int window) {
+                           int D, int window, float scale, float softcap) {
     static const char fn[] = "en_cuda_attention_bwd";
     attn_check_shape(fn, T, S, H, Hkv, D);
     if (T == 0 || (!dq && !dk && !dv)) return;
 #define ATTN_CALL(DPL)                                                                             \
     attn_bwd_launch<DPL, false>(fn, s, dq, dk, dv, dout, NULL, q, q_stride, k, v, kv_stride, pos,  \
-                                T, S, H, Hkv, D, window)
+                                T, S, H, Hkv, D, window, scale, softcap)
     ATTN_DISPATCH(D, ATTN_CALL)
 #undef ATTN_CALL
 }
@@ -698,13 +723,13 @@ void en_cuda_attention_bwd_stored(cudaStream_t s, float *dq, float *dk, float *d
                                   const float *dout, const float *probs, const float *q,
                                   size_t q_stride, const float *k, const float *v, size_t kv_stride,
                                   const int32_t *pos, int T, int S, int H, int Hkv, int D,
-                                  int window) {
+                                  int window, float scale, float softcap) {
     static const char fn[] = "en_cuda_attention_bwd_stored";
     attn_check_shape(fn, T, S, H, Hkv, D);
     if (T == 0 || (!dq && !dk && !dv)) return;
 #define ATTN_CALL(DPL)                                                                             \
     attn_bwd_launch<DPL, true>(fn, s, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride, pos,  \
-                               T, S, H, Hkv, D, window)
+                               T, S, H, Hkv, D, window, scale, softcap)
     ATTN_DISPATCH(D, ATTN_CALL)
 #undef ATTN_CALL
 }

@@ -9,9 +9,10 @@
  * ENERGON_CUDA=ON; tests/test_backend_ops.c runs it against backend_cpu.c.
  *
  * Owned here: the stream, the cuBLASLt state (matmul.cu), device scratch
- * (rmsnorm_bwd's row scales, sumsq's partial sums), the index staging
+ * (rmsnorm_bwd's row scales, layernorm_bwd's row statistics, sumsq's
+ * partial sums), the index staging
  * slots and, in BF16 mode, the bf16 state of the GEMMs (bf16.cu). No GPU
- * memory is allocated inside ops except when an index array, the rmsnorm
+ * memory is allocated inside ops except when an index array, the norm
  * scratch or the bf16 scratch outgrows what it had, or a weight gets its
  * first bf16 copy (rare: sizes settle after the first step).
  *
@@ -97,6 +98,8 @@ typedef struct cuda_ctx {
     int idx_next;
     float *rows;       /* (rows_cap) device: rmsnorm_bwd's per-row 1/rms */
     size_t rows_cap;   /* floats */
+    double *ln;        /* (2 * ln_cap) device: layernorm_bwd's per-row mean, 1/std */
+    size_t ln_cap;     /* rows */
     double *red;       /* (EN_CUDA_SUMSQ_BLOCKS + 1) device: sumsq */
     double *red_host;  /* (1) pinned: sumsq's result */
 } cuda_ctx;
@@ -302,25 +305,25 @@ static void cuda_add(en_backend *be, float *y, const float *a, const float *b, s
 
 static void cuda_attention(en_backend *be, float *out, const float *q, size_t q_stride,
                            const float *k, const float *v, size_t kv_stride, const int32_t *pos,
-                           int T, int S, int H, int Hkv, int D, int window) {
+                           int T, int S, int H, int Hkv, int D, const en_attn_params *ap) {
     cuda_ctx *c = enter(be, "attention");
     wrote(c, out, (size_t)T * (size_t)H * (size_t)D);
     const int32_t *dpos = NULL;
     stage_idx(c, "attention", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention(c->stream, out, q, q_stride, k, v, kv_stride, NULL, dpos, T, S, H, Hkv, D,
-                      window);
+                      ap->window, ap->scale, ap->softcap);
 }
 
 static void cuda_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
                                 const float *k, const float *v, size_t kv_stride,
                                 const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
-                                int Hkv, int D, int window) {
+                                int Hkv, int D, const en_attn_params *ap) {
     cuda_ctx *c = enter(be, "attention_rows");
     wrote(c, out, (size_t)T * (size_t)H * (size_t)D);
     const int32_t *dpos = NULL, *drows = NULL;
     stage_idx(c, "attention_rows", pos, (size_t)T, &dpos, kv_rows, (size_t)S, &drows);
     en_cuda_attention(c->stream, out, q, q_stride, k, v, kv_stride, drows, dpos, T, S, H, Hkv, D,
-                      window);
+                      ap->window, ap->scale, ap->softcap);
 }
 
 static void cuda_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,
@@ -344,14 +347,14 @@ static void cuda_cross_entropy(en_backend *be, float *nll, const float *logits,
 static void cuda_attention_store(en_backend *be, float *out, float *probs, const float *q,
                                  size_t q_stride, const float *k, const float *v,
                                  size_t kv_stride, const int32_t *pos, int T, int S, int H,
-                                 int Hkv, int D, int window) {
+                                 int Hkv, int D, const en_attn_params *ap) {
     cuda_ctx *c = enter(be, "attention_store");
     wrote(c, out, (size_t)T * (size_t)H * (size_t)D);
     wrote(c, probs, (size_t)T * (size_t)H * (size_t)S);
     const int32_t *dpos = NULL;
     stage_idx(c, "attention_store", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention_store(c->stream, out, probs, q, q_stride, k, v, kv_stride, dpos, T, S, H,
-                            Hkv, D, window);
+                            Hkv, D, ap->window, ap->scale, ap->softcap);
 }
 
 /* ---- backward ops ---- */
@@ -411,7 +414,7 @@ static void cuda_embedding_bwd(en_backend *be, float *dtable, const float *dy, c
 static void cuda_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
                                const float *q, size_t q_stride, const float *k, const float *v,
                                size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
-                               int D, int window) {
+                               int D, const en_attn_params *ap) {
     cuda_ctx *c = enter(be, "attention_bwd");
     if (dq) wrote_rows(c, dq, (size_t)T, q_stride, (size_t)H * (size_t)D);
     if (dk) wrote_rows(c, dk, (size_t)S, kv_stride, (size_t)Hkv * (size_t)D);
@@ -419,14 +422,14 @@ static void cuda_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, 
     const int32_t *dpos = NULL;
     stage_idx(c, "attention_bwd", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention_bwd(c->stream, dq, dk, dv, dout, q, q_stride, k, v, kv_stride, dpos, T, S,
-                          H, Hkv, D, window);
+                          H, Hkv, D, ap->window, ap->scale, ap->softcap);
 }
 
 static void cuda_attention_bwd_stored(en_backend *be, float *dq, float *dk, float *dv,
                                       const float *dout, const float *probs, const float *q,
                                       size_t q_stride, const float *k, const float *v,
                                       size_t kv_stride, const int32_t *pos, int T, int S, int H,
-                                      int Hkv, int D, int window) {
+                                      int Hkv, int D, const en_attn_params *ap) {
     cuda_ctx *c = enter(be, "attention_bwd_stored");
     if (dq) wrote_rows(c, dq, (size_t)T, q_stride, (size_t)H * (size_t)D);
     if (dk) wrote_rows(c, dk, (size_t)S, kv_stride, (size_t)Hkv * (size_t)D);
@@ -434,7 +437,7 @@ static void cuda_attention_bwd_stored(en_backend *be, float *dq, float *dk, floa
     const int32_t *dpos = NULL;
     stage_idx(c, "attention_bwd_stored", pos, (size_t)T, &dpos, NULL, 0, NULL);
     en_cuda_attention_bwd_stored(c->stream, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride,
-                                 dpos, T, S, H, Hkv, D, window);
+                                 dpos, T, S, H, Hkv, D, ap->window, ap->scale, ap->softcap);
 }
 
 static void cuda_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
@@ -444,6 +447,95 @@ static void cuda_cross_entropy_bwd(en_backend *be, float *dlogits, const float *
     const int32_t *dtg = NULL;
     stage_idx(c, "cross_entropy_bwd", target, (size_t)T, &dtg, NULL, 0, NULL);
     en_cuda_cross_entropy_bwd(c->stream, dlogits, logits, dtg, scale, T, V);
+}
+
+/* ---- the other families' ops ---- */
+
+static void cuda_rope_freq_any(en_backend *be, const char *op, float *x, const int32_t *pos,
+                               int T, int H, int D, size_t row_stride, const float *inv_freq,
+                               int n_rot, float mscale, int inverse) {
+    cuda_ctx *c = enter(be, op);
+    wrote_rows(c, x, (size_t)T, row_stride, (size_t)H * (size_t)D);
+    const int32_t *dpos = NULL;
+    stage_idx(c, op, pos, (size_t)T, &dpos, NULL, 0, NULL);
+    en_cuda_rope_freq(c->stream, x, dpos, T, H, D, row_stride, inv_freq, n_rot, mscale, inverse);
+}
+
+static void cuda_rope_freq(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
+                           size_t row_stride, const float *inv_freq, int n_rot, float mscale) {
+    cuda_rope_freq_any(be, "rope_freq", x, pos, T, H, D, row_stride, inv_freq, n_rot, mscale, 0);
+}
+
+static void cuda_rope_freq_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
+                               size_t row_stride, const float *inv_freq, int n_rot,
+                               float mscale) {
+    cuda_rope_freq_any(be, "rope_freq_bwd", dx, pos, T, H, D, row_stride, inv_freq, n_rot, mscale,
+                       1);
+}
+
+static void cuda_geglu(en_backend *be, float *y, const float *gate, const float *up, size_t n) {
+    cuda_ctx *c = enter(be, "geglu");
+    wrote(c, y, n);
+    en_cuda_geglu_fwd(c->stream, y, gate, up, n);
+}
+
+static void cuda_geglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
+                           const float *gate, const float *up, size_t n) {
+    cuda_ctx *c = enter(be, "geglu_bwd");
+    if (dgate) wrote(c, dgate, n);
+    if (dup) wrote(c, dup, n);
+    en_cuda_geglu_bwd(c->stream, dgate, dup, dy, gate, up, n);
+}
+
+static void cuda_gelu(en_backend *be, float *y, const float *x, size_t n) {
+    cuda_ctx *c = enter(be, "gelu");
+    wrote(c, y, n);
+    en_cuda_gelu_fwd(c->stream, y, x, n);
+}
+
+static void cuda_gelu_bwd(en_backend *be, float *dx, const float *dy, const float *x, size_t n) {
+    cuda_ctx *c = enter(be, "gelu_bwd");
+    wrote(c, dx, n);
+    en_cuda_gelu_bwd(c->stream, dx, dy, x, n);
+}
+
+static void cuda_layernorm(en_backend *be, float *y, const float *x, const float *w,
+                           const float *b, float eps, int T, int C) {
+    cuda_ctx *c = enter(be, "layernorm");
+    wrote(c, y, (size_t)T * (size_t)C);
+    en_cuda_layernorm_fwd(c->stream, y, x, w, b, eps, T, C);
+}
+
+static void cuda_layernorm_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
+                               const float *x, const float *w, float eps, int T, int C) {
+    cuda_ctx *c = enter(be, "layernorm_bwd");
+    if (dx) wrote(c, dx, (size_t)T * (size_t)C);
+    if (dw) wrote(c, dw, (size_t)C);
+    if (db) wrote(c, db, (size_t)C);
+    if ((size_t)T > c->ln_cap) {
+        /* Queued kernels may still read the old scratch. */
+        EN_CUDA_CHECK("layernorm_bwd", cudaStreamSynchronize(c->stream));
+        EN_CUDA_CHECK("layernorm_bwd", cudaFree(c->ln));
+        c->ln = NULL;
+        c->ln_cap = 0;
+        EN_CUDA_CHECK("layernorm_bwd",
+                      cudaMalloc((void **)&c->ln, 2 * (size_t)T * sizeof(double)));
+        c->ln_cap = (size_t)T;
+    }
+    en_cuda_layernorm_bwd(c->stream, dx, dw, db, dy, x, w, eps, T, C, c->ln);
+}
+
+static void cuda_softcap(en_backend *be, float *y, const float *x, float cap, size_t n) {
+    cuda_ctx *c = enter(be, "softcap");
+    wrote(c, y, n);
+    en_cuda_softcap_fwd(c->stream, y, x, cap, n);
+}
+
+static void cuda_softcap_bwd(en_backend *be, float *dx, const float *dy, const float *y, float cap,
+                             size_t n) {
+    cuda_ctx *c = enter(be, "softcap_bwd");
+    wrote(c, dx, n);
+    en_cuda_softcap_bwd(c->stream, dx, dy, y, cap, n);
 }
 
 /* ---- optimizer and reductions ---- */
@@ -492,6 +584,7 @@ static void ctx_release(cuda_ctx *c) {
         if (sl->dev) (void)cudaFree(sl->dev);
     }
     if (c->rows) (void)cudaFree(c->rows);
+    if (c->ln) (void)cudaFree(c->ln);
     if (c->red) (void)cudaFree(c->red);
     if (c->red_host) (void)cudaFreeHost(c->red_host);
     if (c->stream) (void)cudaStreamDestroy(c->stream);
@@ -535,6 +628,16 @@ static const en_backend_ops cuda_ops = {
     /* .sumsq = */ cuda_sumsq,
     /* .scale = */ cuda_scale,
     /* .adamw = */ cuda_adamw,
+    /* .rope_freq = */ cuda_rope_freq,
+    /* .rope_freq_bwd = */ cuda_rope_freq_bwd,
+    /* .geglu = */ cuda_geglu,
+    /* .geglu_bwd = */ cuda_geglu_bwd,
+    /* .gelu = */ cuda_gelu,
+    /* .gelu_bwd = */ cuda_gelu_bwd,
+    /* .layernorm = */ cuda_layernorm,
+    /* .layernorm_bwd = */ cuda_layernorm_bwd,
+    /* .softcap = */ cuda_softcap,
+    /* .softcap_bwd = */ cuda_softcap_bwd,
 };
 
 /* A failed CUDA call during create: record it and go to the cleanup. */

@@ -1,9 +1,11 @@
 /*
  * elementwise.cu - the element-wise ops: grid-stride loops over n, one
- * thread per element at a time. The formulas are backend_cpu.c's, written
- * with __fmul_rn / __fadd_rn where nvcc would otherwise fuse a multiply and
- * an add into one FMA: then every operation rounds as the CPU's does and
- * the results differ only where expf does (CUDA's is within 2 ulp).
+ * thread per element at a time. The formulas are backend_cpu.c's (add,
+ * scale, SwiGLU, AdamW) and backend_cpu_family.c's (GELU, GeGLU,
+ * soft-capping), written with __fmul_rn / __fadd_rn where nvcc would
+ * otherwise fuse a multiply and an add into one FMA: then every operation
+ * rounds as the CPU's does and the results differ only where expf and tanhf
+ * do (CUDA's are within 2 ulp).
  */
 #include <math.h>
 
@@ -15,7 +17,8 @@
          i += (size_t)gridDim.x * blockDim.x)
 
 /* No __restrict__ in this file: outputs may alias inputs (y = a in add,
- * y = gate in swiglu; nothing forbids dgate = gate or p = g either). */
+ * y = gate in swiglu and geglu, y = x in gelu and softcap, dx = dy in
+ * softcap_bwd; nothing forbids dgate = gate or p = g either). */
 __global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
     GRID_STRIDE(i, n) y[i] = a[i] + b[i];
 }
@@ -47,6 +50,64 @@ __global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dy, con
             dgate[i] = __fadd_rn(dgate[i], __fmul_rn(__fmul_rn(d, u), dsig));
         }
         if (dup) dup[i] = __fadd_rn(dup[i], __fmul_rn(d, g / (1.0f + e)));
+    }
+}
+
+/* GELU, tanh approximation (backend_cpu_family.c has the derivation):
+ * u = k (g + c g^3), gelu = g / (1 + exp(-2u)),
+ * gelu' = s + g s (1 - s) 2k (1 + 3c g^2) with s = 1 / (1 + exp(-2u)). */
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+__device__ __forceinline__ float gelu_u(float g) {
+    return __fmul_rn(GELU_K, __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(GELU_C, g), g), g)));
+}
+
+__device__ __forceinline__ float gelu_f(float g) { return g / (1.0f + expf(-2.0f * gelu_u(g))); }
+
+__device__ __forceinline__ float gelu_grad(float g) {
+    const float e = expf(-2.0f * gelu_u(g));
+    const float s = 1.0f / (1.0f + e);
+    const float oms = e < 1.0f ? __fmul_rn(e, s) : 1.0f - s; /* 1 - s without cancelling */
+    const float w = __fmul_rn(s, oms);
+    if (!(w > 0.0f)) return s; /* the second term is 0 (or g is NaN) */
+    const float poly =
+        __fmul_rn(2.0f * GELU_K, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * GELU_C, g), g)));
+    return __fadd_rn(s, __fmul_rn(__fmul_rn(g, w), poly));
+}
+
+__global__ void geglu_fwd_kernel(float *y, const float *gate, const float *up, size_t n) {
+    GRID_STRIDE(i, n) y[i] = __fmul_rn(gelu_f(gate[i]), up[i]);
+}
+
+__global__ void gelu_fwd_kernel(float *y, const float *x, size_t n) {
+    GRID_STRIDE(i, n) y[i] = gelu_f(x[i]);
+}
+
+/* dgate += dy u gelu'(g), dup += dy gelu(g). */
+__global__ void geglu_bwd_kernel(float *dgate, float *dup, const float *dy, const float *gate,
+                                 const float *up, size_t n) {
+    GRID_STRIDE(i, n) {
+        const float g = gate[i], u = up[i], d = dy[i];
+        if (dgate) dgate[i] = __fadd_rn(dgate[i], __fmul_rn(__fmul_rn(d, u), gelu_grad(g)));
+        if (dup) dup[i] = __fadd_rn(dup[i], __fmul_rn(d, gelu_f(g)));
+    }
+}
+
+__global__ void gelu_bwd_kernel(float *dx, const float *dy, const float *x, size_t n) {
+    GRID_STRIDE(i, n) dx[i] = __fadd_rn(dx[i], __fmul_rn(dy[i], gelu_grad(x[i])));
+}
+
+/* y = tanh(x / cap) cap; dx = dy (1 - (y / cap)^2), overwritten. */
+__global__ void softcap_fwd_kernel(float *y, const float *x, float cap, size_t n) {
+    GRID_STRIDE(i, n) y[i] = __fmul_rn(tanhf(x[i] / cap), cap);
+}
+
+__global__ void softcap_bwd_kernel(float *dx, const float *dy, const float *y, float cap,
+                                   size_t n) {
+    GRID_STRIDE(i, n) {
+        const float r = y[i] / cap;
+        dx[i] = __fmul_rn(dy[i], __fsub_rn(1.0f, __fmul_rn(r, r)));
     }
 }
 
@@ -98,4 +159,38 @@ void en_cuda_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v,
     adamw_kernel<<<en_cuda_blocks(n, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(
         p, g, m, v, n, lr, b1, b2, a1, a2, c1, c2, eps, wd);
     EN_CUDA_LAUNCH_CHECK("adamw");
+}
+
+void en_cuda_geglu_fwd(cudaStream_t s, float *y, const float *gate, const float *up, size_t n) {
+    geglu_fwd_kernel<<<en_cuda_blocks(n, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(y, gate, up, n);
+    EN_CUDA_LAUNCH_CHECK("geglu");
+}
+
+void en_cuda_geglu_bwd(cudaStream_t s, float *dgate, float *dup, const float *dy,
+                       const float *gate, const float *up, size_t n) {
+    geglu_bwd_kernel<<<en_cuda_blocks(n, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(dgate, dup, dy,
+                                                                                  gate, up, n);
+    EN_CUDA_LAUNCH_CHECK("geglu_bwd");
+}
+
+void en_cuda_gelu_fwd(cudaStream_t s, float *y, const float *x, size_t n) {
+    gelu_fwd_kernel<<<en_cuda_blocks(n, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(y, x, n);
+    EN_CUDA_LAUNCH_CHECK("gelu");
+}
+
+void en_cuda_gelu_bwd(cudaStream_t s, float *dx, const float *dy, const float *x, size_t n) {
+    gelu_bwd_kernel<<<en_cuda_blocks(n, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(dx, dy, x, n);
+    EN_CUDA_LAUNCH_CHECK("gelu_bwd");
+}
+
+void en_cuda_softcap_fwd(cudaStream_t s, float *y, const float *x, float cap, size_t n) {
+    softcap_fwd_kernel<<<en_cuda_blocks(n, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(y, x, cap, n);
+    EN_CUDA_LAUNCH_CHECK("softcap");
+}
+
+void en_cuda_softcap_bwd(cudaStream_t s, float *dx, const float *dy, const float *y, float cap,
+                         size_t n) {
+    softcap_bwd_kernel<<<en_cuda_blocks(n, EN_CUDA_BLOCK), EN_CUDA_BLOCK, 0, s>>>(dx, dy, y, cap,
+                                                                                    n);
+    EN_CUDA_LAUNCH_CHECK("softcap_bwd");
 }

@@ -13,7 +13,9 @@
  * en_op_attention_bwd_stored in backend.h (gradients ACCUMULATE; NULL
  * gradient outputs are skipped). pos (T) and kv_rows (S) are DEVICE int32
  * arrays here: the op-table wrappers in backend_cuda.cu copy the host arrays
- * callers pass today into device scratch first.
+ * callers pass today into device scratch first. window, scale and softcap
+ * are en_attn_params's fields with the defaults resolved by backend.c
+ * (scale > 0; softcap 0 = off).
  */
 #ifndef EN_CUDA_KERNELS_CUH
 #define EN_CUDA_KERNELS_CUH
@@ -27,25 +29,25 @@
 void en_cuda_attention(cudaStream_t s, float *out, const float *q, size_t q_stride,
                        const float *k, const float *v, size_t kv_stride,
                        const int32_t *kv_rows /* NULL = row s */, const int32_t *pos, int T,
-                       int S, int H, int Hkv, int D, int window);
+                       int S, int H, int Hkv, int D, int window, float scale, float softcap);
 
 /* As en_cuda_attention (kv_rows NULL) and probs (T,H,S): the softmax over the
  * allowed keys, 0 elsewhere. */
 void en_cuda_attention_store(cudaStream_t s, float *out, float *probs, const float *q,
                              size_t q_stride, const float *k, const float *v, size_t kv_stride,
                              const int32_t *pos, int T, int S, int H, int Hkv, int D,
-                             int window);
+                             int window, float scale, float softcap);
 
 /* dq (T,H,D) rows of q_stride, dk/dv (S,Hkv,D) rows of kv_stride: accumulate. */
 void en_cuda_attention_bwd(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout,
                            const float *q, size_t q_stride, const float *k, const float *v,
                            size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
-                           int D, int window);
+                           int D, int window, float scale, float softcap);
 
 void en_cuda_attention_bwd_stored(cudaStream_t s, float *dq, float *dk, float *dv,
                                   const float *dout, const float *probs, const float *q,
                                   size_t q_stride, const float *k, const float *v,
                                   size_t kv_stride, const int32_t *pos, int T, int S, int H,
-                                  int Hkv, int D, int window);
+                                  int Hkv, int D, int window, float scale, float softcap);
 
 #endif /* EN_CUDA_KERNELS_CUH */
