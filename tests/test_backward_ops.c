@@ -16,7 +16,12 @@
  *    to (+=), and a NULL output is skipped without changing the others;
  *  - row padding and keys no query attends hold NaN: the op must neither
  *    read them nor write the matching gradients;
- *  - cross_entropy_bwd overwrites (also in place), rope_bwd works in place;
+ *  - cross_entropy_bwd and softcap_bwd overwrite (also in place), rope_bwd
+ *    and rope_freq_bwd work in place;
+ *  - the attention backwards run with en_attn_params too (a scale other
+ *    than 1/sqrt(D), soft-caps), recomputing and from stored probabilities
+ *    (the float64 reference's, rounded), and the plain ops equal the _p ops
+ *    bit for bit;
  *  - n_threads = 1 and 2 give bit-identical results for every op but
  *    matmul_bwd's two sgemm outputs, and two runs give bit-identical
  *    results for all (STYLE.md section 9);
@@ -117,7 +122,7 @@ typedef struct err_note {
     double ana; /* float64 analytic backward vs central differences */
 } err_note;
 
-static err_note g_notes[16];
+static err_note g_notes[24];
 static int g_n_notes;
 
 static err_note *note_for(const char *op) {
@@ -557,6 +562,336 @@ static void test_swiglu_bwd(const backends *bs, en_test_rng *r, size_t n, float 
     grad_free(&gg), grad_free(&gu);
 }
 
+/* ========================= rope with a frequency table ========================= */
+
+typedef struct ropef_ctx {
+    double *x;       /* (T, stride) */
+    const double *r; /* (T, stride) */
+    const int32_t *pos;
+    const float *inv; /* (n_rot/2) */
+    int T, H, D, n_rot;
+    size_t stride;
+    double mscale;
+} ropef_ctx;
+
+/* The angle is the float32 product pos * inv_freq (backend.h). */
+static double ropef_angle(const ropef_ctx *c, int t, int i) {
+    const float a = (float)c->pos[t] * c->inv[i];
+    return a;
+}
+
+static double ropef_loss(const void *p) {
+    const ropef_ctx *c = p;
+    const int half = c->n_rot / 2;
+    double L = 0.0;
+    for (int t = 0; t < c->T; t++)
+        for (int h = 0; h < c->H; h++) {
+            const size_t o = (size_t)t * c->stride + (size_t)h * c->D;
+            for (int i = 0; i < c->D; i++) /* pass-through dims: y = x */
+                if (i >= c->n_rot) L += c->r[o + i] * c->x[o + i];
+            for (int i = 0; i < half; i++) {
+                const size_t a = o + i, b = a + half;
+                const double ang = ropef_angle(c, t, i), cs = c->mscale * cos(ang),
+                             sn = c->mscale * sin(ang);
+                L += c->r[a] * (c->x[a] * cs - c->x[b] * sn) +
+                     c->r[b] * (c->x[b] * cs + c->x[a] * sn);
+            }
+        }
+    return L;
+}
+
+static void test_rope_freq_bwd(const backends *bs, en_test_rng *r, int T, int H, int D, int n_rot,
+                               int pad, float mscale, const int32_t *pos, int fd) {
+    char name[160];
+    snprintf(name, sizeof name, "rope_freq_bwd T=%d H=%d D=%d n_rot=%d stride=H*D+%d mscale=%g",
+             T, H, D, n_rot, pad, mscale);
+    const size_t stride = (size_t)H * D + (size_t)pad, n = (size_t)T * stride;
+    const int half = n_rot / 2;
+    /* A table no formula gives: random frequencies in [1e-4, 1.5]. */
+    float *inv = rand_buf(r, (size_t)half, 1e-4f, 1.5f);
+    float *x = rand_buf(r, n, -1, 1);
+    float *dy = rand_buf(r, n, -1, 1);
+    /* Not accumulating: dx starts as dy and gets the transpose, mscale
+     * times the inverse rotation, in place. Dims past n_rot and the padding
+     * keep dy's values (the gradient of a pass-through is dy). */
+    ropef_ctx c = {NULL, NULL, pos, inv, T, H, D, n_rot, stride, mscale};
+    double *ref = to_f64(dy, n);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < half; i++) {
+                const size_t a = (size_t)t * stride + (size_t)h * D + i, b = a + half;
+                const double ang = ropef_angle(&c, t, i);
+                ref[a] = mscale * (dy[a] * cos(ang) + dy[b] * sin(ang));
+                ref[b] = mscale * (dy[b] * cos(ang) - dy[a] * sin(ang));
+            }
+    float *dx[2];
+    for (int b = 0; b < 2; b++) {
+        dx[b] = copy_buf(dy, n);
+        en_op_rope_freq_bwd(bs->be[b], dx[b], pos, T, H, D, stride, inv, n_rot, mscale);
+    }
+    err_note *nt = note_for("rope_freq_bwd");
+    if (fd) {
+        c.x = to_f64(x, n);
+        c.r = to_f64(dy, n);
+        double *g = zeros64(n);
+        fd_grad(ropef_loss, &c, c.x, n, g);
+        for (int t = 0; t < T; t++) /* padding: kept, not a gradient */
+            for (size_t j = (size_t)H * D; j < stride; j++)
+                g[(size_t)t * stride + j] = dy[(size_t)t * stride + j];
+        note_max(&nt->fd, check_grad(name, dx[0], NULL, g, n, 0.0, GRAD_TOL, FD_ATOL));
+        note_max(&nt->ana, check_ref64(name, ref, g, n, 0.0));
+        free(c.x), free((void *)c.r), free(g);
+    }
+    note_max(&nt->ref, check_grad(name, dx[0], NULL, ref, n, 0.0, GRAD_TOL, 0.0));
+    check_same(name, "1 and 2 threads", dx[0], dx[1], n);
+    int kept = 1;
+    for (int t = 0; t < T; t++)
+        for (size_t j = 0; j < stride; j++) {
+            const size_t i = (size_t)t * stride + j;
+            if (j >= (size_t)H * D || (int)(j % (size_t)D) >= n_rot)
+                kept &= memcmp(&dx[0][i], &dy[i], sizeof(float)) == 0;
+        }
+    CHECK(kept, "%s: dims past n_rot or row padding changed", name);
+    /* The backward after the forward scales by mscale^2: R^T R = I. */
+    float *rt = copy_buf(x, n);
+    en_op_rope_freq(bs->be[1], rt, pos, T, H, D, stride, inv, n_rot, mscale);
+    en_op_rope_freq_bwd(bs->be[1], rt, pos, T, H, D, stride, inv, n_rot, mscale);
+    double *want = to_f64(x, n);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < n_rot; i++)
+                want[(size_t)t * stride + (size_t)h * D + i] *= (double)mscale * mscale;
+    char rname[200];
+    snprintf(rname, sizeof rname, "%s round trip", name);
+    en_test_close_f64(rname, rt, want, n, 1e-6, 1e-6);
+    free(inv), free(x), free(dy), free(ref), free(dx[0]), free(dx[1]), free(rt), free(want);
+}
+
+/* ============================= gelu and geglu ============================= */
+
+typedef struct gelu_ctx {
+    double *g, *u; /* u NULL: plain gelu */
+    const double *r;
+    size_t n;
+} gelu_ctx;
+
+static double gelu64(double g) {
+    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
+}
+
+/* d/dg of gelu64, in the tanh form. */
+static double gelu64_grad(double g) {
+    const double k = sqrt(2.0 / M_PI), th = tanh(k * (g + 0.044715 * g * g * g));
+    return 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * g * g);
+}
+
+static double gelu_loss(const void *p) {
+    const gelu_ctx *c = p;
+    double L = 0.0;
+    for (size_t i = 0; i < c->n; i++) L += c->r[i] * gelu64(c->g[i]) * (c->u ? c->u[i] : 1.0);
+    return L;
+}
+
+static void test_gelu_bwd(const backends *bs, en_test_rng *r, size_t n, float gmax, int gated,
+                          int fd) {
+    char name[96];
+    snprintf(name, sizeof name, "%s n=%zu |g|<=%g", gated ? "geglu_bwd" : "gelu_bwd", n, gmax);
+    const char *op = gated ? "geglu_bwd" : "gelu_bwd";
+    float *g = rand_buf(r, n, -gmax, gmax);
+    float *u = rand_buf(r, n, -2, 2);
+    float *dy = rand_buf(r, n, -1, 1);
+    /* 1 + tanh cancels for g < 0, exp(-2u) overflows for g < -10; tanh is
+     * saturated past |g| ~ 5; g^2 overflows float past 1.8e19 (no
+     * differences there: a step of 1e-6 is lost next to 1e20). */
+    static const float edge[] = {0.0f, 1.0f, -1.0f, -3.0f, -5.0f, 4.0f, -7.0f, 10.0f, -10.0f,
+                                 60.0f, -60.0f, 1e20f, -1e20f};
+    for (size_t i = 0; i < n && i < sizeof edge / sizeof edge[0]; i++)
+        if (!fd || fabsf(edge[i]) < 1e3f) g[i] = edge[i];
+    grad gg, gu;
+    grad_init(&gg, gated ? "dgate" : "dx", n);
+    grad_init(&gu, "dup", n);
+    for (size_t i = 0; i < n; i++) {
+        gg.ref[i] = (double)dy[i] * (gated ? u[i] : 1.0) * gelu64_grad(g[i]);
+        gu.ref[i] = (double)dy[i] * gelu64(g[i]);
+    }
+    grad_prefill(&gg, r), grad_prefill(&gu, r);
+    if (fd) {
+        gelu_ctx c = {to_f64(g, n), gated ? to_f64(u, n) : NULL, to_f64(dy, n), n};
+        gg.fd = zeros64(n);
+        fd_grad(gelu_loss, &c, c.g, n, gg.fd);
+        if (gated) {
+            gu.fd = zeros64(n);
+            fd_grad(gelu_loss, &c, c.u, n, gu.fd);
+        }
+        free(c.g), free(c.u), free((void *)c.r);
+    }
+    for (int b = 0; b < 2; b++) {
+        if (gated)
+            en_op_geglu_bwd(bs->be[b], gg.got[b], gu.got[b], dy, g, u, n);
+        else
+            en_op_gelu_bwd(bs->be[b], gg.got[b], dy, g, n);
+    }
+    grad_check(&gg, op, name, 1);
+    if (gated) {
+        grad_check(&gu, op, name, 1);
+        float *ag = grad_fresh(&gg), *au = grad_fresh(&gu);
+        en_op_geglu_bwd(bs->be[1], ag, NULL, dy, g, u, n);
+        en_op_geglu_bwd(bs->be[1], NULL, au, dy, g, u, n);
+        check_same(name, "dgate alone", gg.got[1], ag, n);
+        check_same(name, "dup alone", gu.got[1], au, n);
+        free(ag), free(au);
+    } else {
+        en_op_gelu_bwd(bs->be[1], NULL, dy, g, n); /* nothing to do */
+    }
+    free(g), free(u), free(dy);
+    grad_free(&gg), grad_free(&gu);
+}
+
+/* =============================== layernorm =============================== */
+
+typedef struct ln_ctx {
+    double *x, *w, *b; /* (T,C), (C), (C) */
+    const double *r;   /* (T,C) */
+    double eps;
+    int T, C;
+} ln_ctx;
+
+static double ln_loss(const void *p) {
+    const ln_ctx *c = p;
+    double L = 0.0;
+    for (int t = 0; t < c->T; t++) {
+        const double *x = c->x + (size_t)t * c->C;
+        double mean = 0.0, var = 0.0;
+        for (int i = 0; i < c->C; i++) mean += x[i];
+        mean /= c->C;
+        for (int i = 0; i < c->C; i++) var += (x[i] - mean) * (x[i] - mean);
+        var /= c->C;
+        const double rs = 1.0 / sqrt(var + c->eps);
+        for (int i = 0; i < c->C; i++)
+            L += c->r[(size_t)t * c->C + i] * ((x[i] - mean) * rs * c->w[i] + c->b[i]);
+    }
+    return L;
+}
+
+static void test_layernorm_bwd(const backends *bs, en_test_rng *r, int T, int C, float eps,
+                               float xmax, float offset, int fd) {
+    char name[128];
+    snprintf(name, sizeof name, "layernorm_bwd T=%d C=%d eps=%g x=%g+-%g", T, C, eps, offset, xmax);
+    const size_t n = (size_t)T * C;
+    float *x = rand_buf(r, n, -xmax, xmax);
+    for (size_t i = 0; i < n; i++) x[i] += offset;
+    float *w = rand_buf(r, (size_t)C, 0.5f, 1.5f);
+    float *dy = rand_buf(r, n, -1, 1);
+    grad gx, gw, gb;
+    grad_init(&gx, "dx", n);
+    grad_init(&gw, "dw", (size_t)C);
+    grad_init(&gb, "db", (size_t)C);
+    /* g = dy w: dx = rs (g - mean(g) - xhat mean(g xhat)); dw = sum dy xhat;
+     * db = sum dy. The three terms of dx cancel (to 0 at C = 1), hence
+     * `terms` for dx. */
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * C, *gr = dy + (size_t)t * C;
+        double mean = 0.0, var = 0.0;
+        for (int i = 0; i < C; i++) mean += xr[i];
+        mean /= C;
+        for (int i = 0; i < C; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        var /= C;
+        const double rs = 1.0 / sqrt(var + (double)eps);
+        double mg = 0.0, mgx = 0.0, ag = 0.0, agx = 0.0;
+        for (int i = 0; i < C; i++) {
+            const double g = (double)gr[i] * w[i], xh = (xr[i] - mean) * rs;
+            mg += g / C, mgx += g * xh / C, ag += fabs(g) / C, agx += fabs(g * xh) / C;
+        }
+        for (int i = 0; i < C; i++) {
+            const double g = (double)gr[i] * w[i], xh = (xr[i] - mean) * rs;
+            gx.ref[(size_t)t * C + i] = rs * (g - mg - xh * mgx);
+            gw.ref[i] += (double)gr[i] * xh;
+            gb.ref[i] += gr[i];
+            const double terms = rs * (fabs(g) + ag + fabs(xh) * agx);
+            if (terms > gx.terms) gx.terms = terms;
+        }
+    }
+    grad_prefill(&gx, r), grad_prefill(&gw, r), grad_prefill(&gb, r);
+    if (fd) {
+        ln_ctx c = {to_f64(x, n), to_f64(w, (size_t)C), zeros64((size_t)C), to_f64(dy, n), eps,
+                    T, C};
+        gx.fd = zeros64(n), gw.fd = zeros64((size_t)C), gb.fd = zeros64((size_t)C);
+        fd_grad(ln_loss, &c, c.x, n, gx.fd);
+        fd_grad(ln_loss, &c, c.w, (size_t)C, gw.fd);
+        fd_grad(ln_loss, &c, c.b, (size_t)C, gb.fd);
+        free(c.x), free(c.w), free(c.b), free((void *)c.r);
+    }
+    for (int b = 0; b < 2; b++)
+        en_op_layernorm_bwd(bs->be[b], gx.got[b], gw.got[b], gb.got[b], dy, x, w, eps, T, C);
+    grad_check(&gx, "layernorm_bwd", name, 1);
+    grad_check(&gw, "layernorm_bwd", name, 1);
+    grad_check(&gb, "layernorm_bwd", name, 1);
+    float *ax = grad_fresh(&gx), *aw = grad_fresh(&gw), *ab = grad_fresh(&gb);
+    en_op_layernorm_bwd(bs->be[1], ax, NULL, NULL, dy, x, w, eps, T, C);
+    en_op_layernorm_bwd(bs->be[1], NULL, aw, NULL, dy, x, w, eps, T, C);
+    en_op_layernorm_bwd(bs->be[1], NULL, NULL, ab, dy, x, w, eps, T, C);
+    en_op_layernorm_bwd(bs->be[1], NULL, NULL, NULL, dy, x, w, eps, T, C);
+    check_same(name, "dx alone", gx.got[1], ax, n);
+    check_same(name, "dw alone", gw.got[1], aw, (size_t)C);
+    check_same(name, "db alone", gb.got[1], ab, (size_t)C);
+    free(ax), free(aw), free(ab), free(x), free(w), free(dy);
+    grad_free(&gx), grad_free(&gw), grad_free(&gb);
+}
+
+/* ================================ softcap ================================ */
+
+typedef struct softcap_ctx {
+    double *x;
+    const double *r;
+    double cap;
+    size_t n;
+} softcap_ctx;
+
+static double softcap_loss(const void *p) {
+    const softcap_ctx *c = p;
+    double L = 0.0;
+    for (size_t i = 0; i < c->n; i++) L += c->r[i] * c->cap * tanh(c->x[i] / c->cap);
+    return L;
+}
+
+/* dx = dy (1 - (y / cap)^2) from the forward's output y, here the float64
+ * forward rounded to float (as en_op_softcap writes it, within an ulp).
+ * Overwriting: dx starts as NaN, or is dy itself (in place). */
+static void test_softcap_bwd(const backends *bs, en_test_rng *r, size_t n, float cap, float xmax,
+                             int in_place, int fd) {
+    char name[96];
+    snprintf(name, sizeof name, "softcap_bwd n=%zu cap=%g |x|<=%g%s", n, cap, xmax,
+             in_place ? " in place" : "");
+    float *x = rand_buf(r, n, -xmax, xmax);
+    float *dy = rand_buf(r, n, -1, 1);
+    float *y = xmalloc(n * sizeof *y);
+    double *ref = zeros64(n);
+    for (size_t i = 0; i < n; i++) {
+        const double th = tanh((double)x[i] / cap);
+        y[i] = (float)(cap * th);
+        ref[i] = (double)dy[i] * (1.0 - th * th);
+    }
+    float *g[2];
+    for (int b = 0; b < 2; b++) {
+        g[b] = in_place ? copy_buf(dy, n) : fill_buf(n, NAN);
+        en_op_softcap_bwd(bs->be[b], g[b], in_place ? g[b] : dy, y, cap, n);
+    }
+    /* y carries one float rounding: 1 - (y/cap)^2 is off by ~2u |y/cap|^2
+     * absolute, u = 6e-8, far inside GRAD_TOL of max|dx| ~ 1. */
+    err_note *nt = note_for("softcap_bwd");
+    if (fd) {
+        softcap_ctx c = {to_f64(x, n), to_f64(dy, n), cap, n};
+        double *gf = zeros64(n);
+        fd_grad(softcap_loss, &c, c.x, n, gf);
+        note_max(&nt->fd, check_grad(name, g[0], NULL, gf, n, 0.0, GRAD_TOL, FD_ATOL));
+        note_max(&nt->ana, check_ref64(name, ref, gf, n, 0.0));
+        free(c.x), free((void *)c.r), free(gf);
+    }
+    note_max(&nt->ref, check_grad(name, g[0], NULL, ref, n, 0.0, GRAD_TOL, 0.0));
+    check_same(name, "1 and 2 threads", g[0], g[1], n);
+    free(x), free(dy), free(y), free(ref), free(g[0]), free(g[1]);
+}
+
 /* =============================== embedding =============================== */
 
 typedef struct emb_ctx {
@@ -614,6 +949,8 @@ typedef struct attn_case {
     float range;       /* q and k uniform in [-range, range] */
     const int32_t *pos;
     int fd;
+    float scale;   /* en_attn_params.scale (0: 1/sqrt(D)) */
+    float softcap; /* en_attn_params.softcap (0: off) */
 } attn_case;
 
 typedef struct attn_ctx {
@@ -622,7 +959,9 @@ typedef struct attn_ctx {
     const int32_t *pos;
     int T, S, H, Hkv, D, window;
     size_t qs, kvs;
-    double *p; /* (S) scratch */
+    double scale, softcap;
+    double *p; /* (S) scratch: probabilities */
+    double *x; /* (S) scratch: scaled scores before the soft-cap */
 } attn_ctx;
 
 static void attn_range64(const attn_ctx *c, int t, int *s0, int *s1) {
@@ -631,7 +970,8 @@ static void attn_range64(const attn_ctx *c, int t, int *s0, int *s1) {
     if (*s0 < 0) *s0 = 0;
 }
 
-/* Softmax of the scores of (t, h) into c->p[s0..s1]. */
+/* Softmax of the scores of (t, h) into c->p[s0..s1]: x = q.k * scale, then
+ * softcap * tanh(x / softcap) when softcap > 0. */
 static void attn_probs64(const attn_ctx *c, int t, int h, int s0, int s1) {
     const int kvh = h / (c->H / c->Hkv);
     const double *qh = c->q + (size_t)t * c->qs + (size_t)h * c->D;
@@ -640,7 +980,8 @@ static void attn_probs64(const attn_ctx *c, int t, int h, int s0, int s1) {
         const double *kh = c->k + (size_t)s * c->kvs + (size_t)kvh * c->D;
         double dot = 0.0;
         for (int d = 0; d < c->D; d++) dot += qh[d] * kh[d];
-        c->p[s] = dot / sqrt((double)c->D);
+        c->x[s] = dot * c->scale;
+        c->p[s] = c->softcap > 0 ? c->softcap * tanh(c->x[s] / c->softcap) : c->x[s];
         if (c->p[s] > mx) mx = c->p[s];
     }
     for (int s = s0; s <= s1; s++) sum += (c->p[s] = exp(c->p[s] - mx));
@@ -666,9 +1007,10 @@ static double attn_loss(const void *ctx) {
 }
 
 /* The float64 analytic backward, same layouts as the op. With `terms`, the
- * same sums of absolute values instead (the scale of the float error). */
+ * same sums of absolute values instead (the scale of the float error).
+ * The soft-cap multiplies ds by its derivative 1 - tanh^2(x / softcap). */
 static void attn_bwd64(const attn_ctx *c, double *dq, double *dk, double *dv, int terms) {
-    const double scale = 1.0 / sqrt((double)c->D);
+    const double scale = c->scale;
     double *dp = zeros64((size_t)c->S);
     for (int t = 0; t < c->T; t++)
         for (int h = 0; h < c->H; h++) {
@@ -687,7 +1029,12 @@ static void attn_bwd64(const attn_ctx *c, double *dq, double *dk, double *dv, in
             }
             for (int s = s0; s <= s1; s++) {
                 const size_t ko = (size_t)s * c->kvs + (size_t)kvh * c->D;
-                const double ds = c->p[s] * (terms ? dp[s] + delta : dp[s] - delta);
+                double f = 1.0;
+                if (c->softcap > 0) {
+                    const double th = tanh(c->x[s] / c->softcap);
+                    f = 1.0 - th * th;
+                }
+                const double ds = c->p[s] * (terms ? dp[s] + delta : dp[s] - delta) * f;
                 for (int d = 0; d < c->D; d++) {
                     if (terms) {
                         dv[ko + d] += c->p[s] * fabs(g[d]);
@@ -714,18 +1061,93 @@ static void check_untouched(const char *name, const char *what, const float *out
     CHECK(bad == 0, "%s: %zu %s entries of unused inputs were written", name, bad, what);
 }
 
+/* The inputs of one attention case and what every backward is checked
+ * against. */
+typedef struct attn_io {
+    const attn_case *c;
+    en_attn_params ap;
+    float *q, *k, *v, *dout, *probs; /* probs (T, H, S): the reference's, rounded */
+    int32_t *pos;
+    size_t qs, kvs, nq, nkv;
+} attn_io;
+
+/* Runs one backward (`stored`: en_op_attention_bwd_stored_p from io->probs,
+ * else en_op_attention_bwd_p; the plain op when `plain`) into dq, dk, dv
+ * (each may be NULL). */
+static void attn_run_bwd(en_backend *be, const attn_io *io, int stored, int plain, float *dq,
+                         float *dk, float *dv) {
+    const attn_case *c = io->c;
+    if (stored && plain)
+        en_op_attention_bwd_stored(be, dq, dk, dv, io->dout, io->probs, io->q, io->qs, io->k,
+                                   io->v, io->kvs, io->pos, c->T, c->S, c->H, c->Hkv, c->D,
+                                   c->window);
+    else if (stored)
+        en_op_attention_bwd_stored_p(be, dq, dk, dv, io->dout, io->probs, io->q, io->qs, io->k,
+                                     io->v, io->kvs, io->pos, c->T, c->S, c->H, c->Hkv, c->D,
+                                     &io->ap);
+    else if (plain)
+        en_op_attention_bwd(be, dq, dk, dv, io->dout, io->q, io->qs, io->k, io->v, io->kvs,
+                            io->pos, c->T, c->S, c->H, c->Hkv, c->D, c->window);
+    else
+        en_op_attention_bwd_p(be, dq, dk, dv, io->dout, io->q, io->qs, io->k, io->v, io->kvs,
+                              io->pos, c->T, c->S, c->H, c->Hkv, c->D, &io->ap);
+}
+
+/* Every check of one backward on one case: values (1 and 2 threads), the
+ * untouched entries, each gradient alone, and for default parameters the
+ * plain op against the _p op, bit for bit. */
+static void attn_check_bwd(const backends *bs, const attn_io *io, int stored, grad *gq, grad *gk,
+                           grad *gv) {
+    const attn_case *c = io->c;
+    const char *op = stored ? "attention_bwd_stored" : "attention_bwd";
+    char name[300];
+    snprintf(name, sizeof name, "%s %s (T=%d S=%d H=%d Hkv=%d D=%d window=%d scale=%g softcap=%g)",
+             op, c->what, c->T, c->S, c->H, c->Hkv, c->D, c->window, c->scale, c->softcap);
+    for (int b = 0; b < 2; b++) {
+        memcpy(gq->got[b], gq->pre, gq->n * sizeof(float));
+        memcpy(gk->got[b], gk->pre, gk->n * sizeof(float));
+        memcpy(gv->got[b], gv->pre, gv->n * sizeof(float));
+        attn_run_bwd(bs->be[b], io, stored, 0, gq->got[b], gk->got[b], gv->got[b]);
+    }
+    grad_check(gq, op, name, 1);
+    grad_check(gk, op, name, 1);
+    grad_check(gv, op, name, 1);
+    check_untouched(name, "dq", gq->got[0], gq->pre, io->q, io->nq);
+    check_untouched(name, "dk", gk->got[0], gk->pre, io->k, io->nkv);
+    check_untouched(name, "dv", gv->got[0], gv->pre, io->v, io->nkv);
+
+    float *aq = grad_fresh(gq), *ak = grad_fresh(gk), *av = grad_fresh(gv);
+    attn_run_bwd(bs->be[1], io, stored, 0, aq, NULL, NULL);
+    attn_run_bwd(bs->be[1], io, stored, 0, NULL, ak, NULL);
+    attn_run_bwd(bs->be[1], io, stored, 0, NULL, NULL, av);
+    attn_run_bwd(bs->be[1], io, stored, 0, NULL, NULL, NULL);
+    check_same(name, "dq alone", gq->got[1], aq, io->nq);
+    check_same(name, "dk alone", gk->got[1], ak, io->nkv);
+    check_same(name, "dv alone", gv->got[1], av, io->nkv);
+    if (c->scale == 0 && c->softcap == 0) {
+        memcpy(aq, gq->pre, io->nq * sizeof(float));
+        memcpy(ak, gk->pre, io->nkv * sizeof(float));
+        memcpy(av, gv->pre, io->nkv * sizeof(float));
+        attn_run_bwd(bs->be[1], io, stored, 1, aq, ak, av);
+        check_same(name, "dq, plain op vs _p", gq->got[1], aq, io->nq);
+        check_same(name, "dk, plain op vs _p", gk->got[1], ak, io->nkv);
+        check_same(name, "dv, plain op vs _p", gv->got[1], av, io->nkv);
+    }
+    free(aq), free(ak), free(av);
+}
+
 static void test_attention_bwd(const backends *bs, en_test_rng *r, const attn_case *c) {
-    char name[200];
-    snprintf(name, sizeof name, "attention_bwd %s (T=%d S=%d H=%d Hkv=%d D=%d window=%d)", c->what,
-             c->T, c->S, c->H, c->Hkv, c->D, c->window);
     const int T = c->T, S = c->S, H = c->H, Hkv = c->Hkv, D = c->D;
-    const size_t qs = (size_t)H * D + c->q_pad, kvs = (size_t)Hkv * D + c->kv_pad;
-    const size_t nq = (size_t)T * qs, nkv = (size_t)S * kvs, no = (size_t)T * H * D;
-    float *q = rand_buf(r, nq, -c->range, c->range);
-    float *k = rand_buf(r, nkv, -c->range, c->range);
-    float *v = rand_buf(r, nkv, -1, 1);
-    float *dout = rand_buf(r, no, -1, 1);
-    int32_t *pos = xmalloc((size_t)T * sizeof *pos);
+    attn_io io = {c, {c->window, c->scale, c->softcap}, NULL, NULL, NULL, NULL, NULL, NULL,
+                  (size_t)H * D + c->q_pad, (size_t)Hkv * D + c->kv_pad, 0, 0};
+    const size_t qs = io.qs, kvs = io.kvs;
+    const size_t nq = io.nq = (size_t)T * qs, nkv = io.nkv = (size_t)S * kvs;
+    const size_t no = (size_t)T * H * D;
+    float *q = io.q = rand_buf(r, nq, -c->range, c->range);
+    float *k = io.k = rand_buf(r, nkv, -c->range, c->range);
+    float *v = io.v = rand_buf(r, nkv, -1, 1);
+    float *dout = io.dout = rand_buf(r, no, -1, 1);
+    int32_t *pos = io.pos = xmalloc((size_t)T * sizeof *pos);
     for (int t = 0; t < T; t++) pos[t] = c->pos ? c->pos[t] : c->first_pos + t;
     if (c->range > 1) /* one score of D range^2 / sqrt(D): exp overflows float */
         for (int d = 0; d < D; d++)
@@ -759,6 +1181,9 @@ static void test_attention_bwd(const backends *bs, en_test_rng *r, const attn_ca
                    c->window,
                    qs,
                    kvs,
+                   c->scale > 0 ? (double)c->scale : 1.0 / sqrt((double)D),
+                   c->softcap,
+                   zeros64((size_t)S),
                    zeros64((size_t)S)};
     attn_bwd64(&ac, gq.ref, gk.ref, gv.ref, 0);
     {
@@ -771,6 +1196,16 @@ static void test_attention_bwd(const backends *bs, en_test_rng *r, const attn_ca
         }
         free(tq), free(tk), free(tv);
     }
+    /* The stored backward's input: the reference's probabilities in float,
+     * 0 outside each query's keys (what en_op_attention_store writes). */
+    io.probs = fill_buf((size_t)T * H * S, 0.0f);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            int s0, s1;
+            attn_range64(&ac, t, &s0, &s1);
+            attn_probs64(&ac, t, h, s0, s1);
+            for (int s = s0; s <= s1; s++) io.probs[((size_t)t * H + h) * S + s] = (float)ac.p[s];
+        }
     grad_prefill(&gq, r), grad_prefill(&gk, r), grad_prefill(&gv, r);
     if (c->fd) {
         gq.fd = zeros64(nq), gk.fd = zeros64(nkv), gv.fd = zeros64(nkv);
@@ -778,32 +1213,11 @@ static void test_attention_bwd(const backends *bs, en_test_rng *r, const attn_ca
         fd_grad(attn_loss, &ac, ac.k, nkv, gk.fd);
         fd_grad(attn_loss, &ac, ac.v, nkv, gv.fd);
     }
-    free(ac.q), free(ac.k), free(ac.v), free((void *)ac.dout), free(ac.p);
+    free(ac.q), free(ac.k), free(ac.v), free((void *)ac.dout), free(ac.p), free(ac.x);
 
-    for (int b = 0; b < 2; b++)
-        en_op_attention_bwd(bs->be[b], gq.got[b], gk.got[b], gv.got[b], dout, q, qs, k, v, kvs, pos,
-                            T, S, H, Hkv, D, c->window);
-    grad_check(&gq, "attention_bwd", name, 1);
-    grad_check(&gk, "attention_bwd", name, 1);
-    grad_check(&gv, "attention_bwd", name, 1);
-    check_untouched(name, "dq", gq.got[0], gq.pre, q, nq);
-    check_untouched(name, "dk", gk.got[0], gk.pre, k, nkv);
-    check_untouched(name, "dv", gv.got[0], gv.pre, v, nkv);
-
-    float *aq = grad_fresh(&gq), *ak = grad_fresh(&gk), *av = grad_fresh(&gv);
-    en_op_attention_bwd(bs->be[1], aq, NULL, NULL, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D,
-                        c->window);
-    en_op_attention_bwd(bs->be[1], NULL, ak, NULL, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D,
-                        c->window);
-    en_op_attention_bwd(bs->be[1], NULL, NULL, av, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D,
-                        c->window);
-    en_op_attention_bwd(bs->be[1], NULL, NULL, NULL, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D,
-                        c->window);
-    check_same(name, "dq alone", gq.got[1], aq, nq);
-    check_same(name, "dk alone", gk.got[1], ak, nkv);
-    check_same(name, "dv alone", gv.got[1], av, nkv);
-    free(aq), free(ak), free(av);
-    free(q), free(k), free(v), free(dout), free(pos), free(used);
+    attn_check_bwd(bs, &io, 0, &gq, &gk, &gv);
+    attn_check_bwd(bs, &io, 1, &gq, &gk, &gv);
+    free(q), free(k), free(v), free(dout), free(pos), free(used), free(io.probs);
     grad_free(&gq), grad_free(&gk), grad_free(&gv);
 }
 
@@ -812,21 +1226,37 @@ static void test_attention_bwd_all(const backends *bs, en_test_rng *r) {
      * {4,5}, {0}, {10,11}, {2,3} leave holes inside one key block. */
     static const int32_t shuffled[] = {5, 0, 11, 3};
     static const attn_case cases[] = {
-        /* what, T, S, H, Hkv, D, window, q_pad, kv_pad, first_pos, range, pos, fd */
-        {"GQA 6/2, prefill at the end of the cache", 3, 9, 6, 2, 8, 0, 5, 3, 6, 1, NULL, 1},
-        {"GQA 6/1, prefill at the end, window 3", 4, 12, 6, 1, 7, 3, 2, 1, 8, 1, NULL, 1},
-        {"MHA, single-token decode, odd D", 1, 17, 3, 3, 5, 0, 0, 0, 16, 1, NULL, 1},
-        {"training, pos = t, GQA 6/2", 7, 7, 6, 2, 4, 0, 0, 0, 0, 1, NULL, 1},
-        {"window 1 (self only)", 3, 6, 2, 1, 3, 1, 1, 1, 3, 1, NULL, 1},
-        {"window 5 across key blocks", 20, 20, 2, 1, 3, 5, 0, 2, 0, 1, NULL, 1},
-        {"positions out of order, window 2", 4, 12, 4, 2, 6, 2, 1, 0, 0, 1, shuffled, 1},
-        {"large scores (stable softmax)", 4, 10, 2, 1, 4, 0, 0, 0, 6, 12, NULL, 1},
-        {"all sizes 1", 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, NULL, 1},
+        /* what, T, S, H, Hkv, D, window, q_pad, kv_pad, first_pos, range, pos, fd,
+         * scale, softcap */
+        {"GQA 6/2, prefill at the end of the cache", 3, 9, 6, 2, 8, 0, 5, 3, 6, 1, NULL, 1, 0, 0},
+        {"GQA 6/1, prefill at the end, window 3", 4, 12, 6, 1, 7, 3, 2, 1, 8, 1, NULL, 1, 0, 0},
+        {"MHA, single-token decode, odd D", 1, 17, 3, 3, 5, 0, 0, 0, 16, 1, NULL, 1, 0, 0},
+        {"training, pos = t, GQA 6/2", 7, 7, 6, 2, 4, 0, 0, 0, 0, 1, NULL, 1, 0, 0},
+        {"window 1 (self only)", 3, 6, 2, 1, 3, 1, 1, 1, 3, 1, NULL, 1, 0, 0},
+        {"window 5 across key blocks", 20, 20, 2, 1, 3, 5, 0, 2, 0, 1, NULL, 1, 0, 0},
+        {"positions out of order, window 2", 4, 12, 4, 2, 6, 2, 1, 0, 0, 1, shuffled, 1, 0, 0},
+        {"large scores (stable softmax)", 4, 10, 2, 1, 4, 0, 0, 0, 6, 12, NULL, 1, 0, 0},
+        {"all sizes 1", 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, NULL, 1, 0, 0},
+        /* en_attn_params: a scale other than 1/sqrt(D), Gemma 2's soft-cap
+         * (small caps here, so that tanh bends the scores), a window. */
+        {"scale 0.9, no cap", 4, 12, 4, 2, 6, 0, 1, 2, 8, 2, NULL, 1, 0.9f, 0},
+        {"soft-cap 2, default scale, GQA 6/2", 3, 9, 6, 2, 8, 0, 5, 3, 6, 2, NULL, 1, 0, 2.0f},
+        {"scale 0.3, soft-cap 1.5, window 3, GQA 6/1", 4, 12, 6, 1, 7, 3, 2, 1, 8, 2, NULL, 1,
+         0.3f, 1.5f},
+        {"scale 2, soft-cap 1 (tanh saturated), training", 7, 7, 6, 2, 4, 0, 0, 0, 0, 1, NULL, 1,
+         2.0f, 1.0f},
+        {"soft-cap 0.7, positions out of order, window 2", 4, 12, 4, 2, 6, 2, 1, 0, 0, 1.5f,
+         shuffled, 1, 0.5f, 0.7f},
+        {"large scores capped: soft-cap 20", 4, 10, 2, 1, 4, 0, 0, 0, 6, 12, NULL, 1, 0, 20.0f},
         /* Larger: against the float64 backward only. */
-        {"long windowed prefill, odd D", 37, 300, 6, 2, 9, 50, 0, 4, 263, 1, NULL, 0},
-        {"decode over a long cache", 2, 700, 6, 2, 64, 0, 3, 5, 698, 1, NULL, 0},
-        {"training, pos = t, GQA 8/2", 64, 64, 8, 2, 16, 0, 0, 0, 0, 1, NULL, 0},
-        {"training, pos = t, MQA, window 40", 130, 130, 4, 1, 32, 40, 0, 0, 0, 1, NULL, 0},
+        {"long windowed prefill, odd D", 37, 300, 6, 2, 9, 50, 0, 4, 263, 1, NULL, 0, 0, 0},
+        {"decode over a long cache", 2, 700, 6, 2, 64, 0, 3, 5, 698, 1, NULL, 0, 0, 0},
+        {"training, pos = t, GQA 8/2", 64, 64, 8, 2, 16, 0, 0, 0, 0, 1, NULL, 0, 0, 0},
+        {"training, pos = t, MQA, window 40", 130, 130, 4, 1, 32, 40, 0, 0, 0, 1, NULL, 0, 0, 0},
+        {"training, GQA 8/2, scale 1/16, soft-cap 2", 64, 64, 8, 2, 16, 0, 0, 0, 0, 2, NULL, 0,
+         0.0625f, 2.0f},
+        {"long windowed prefill, scale 0.2, soft-cap 3", 37, 300, 6, 2, 9, 50, 0, 4, 263, 1.5f,
+         NULL, 0, 0.2f, 3.0f},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         test_attention_bwd(bs, r, &cases[i]);
@@ -1043,6 +1473,15 @@ static void test_empty(const backends *bs) {
     en_op_embedding_bwd(be, y, NULL, NULL, 0, 4);
     en_op_attention_bwd(be, y, y2, y3, NULL, NULL, 4, NULL, NULL, 4, NULL, 0, 8, 2, 1, 2, 0);
     en_op_cross_entropy_bwd(be, y, NULL, NULL, NULL, 0, 10);
+    en_op_rope_freq_bwd(be, y, NULL, 0, 1, 4, 4, NULL, 2, 1.0f);
+    en_op_geglu_bwd(be, y, y2, NULL, NULL, NULL, 0);
+    en_op_gelu_bwd(be, y, NULL, NULL, 0);
+    en_op_layernorm_bwd(be, y, y2, y3, NULL, NULL, NULL, 1e-5f, 0, 4);
+    en_op_layernorm_bwd(be, y, y2, y3, NULL, NULL, NULL, 1e-5f, 4, 0);
+    en_op_softcap_bwd(be, y, NULL, NULL, 30.0f, 0);
+    en_op_attention_bwd_p(be, y, y2, y3, NULL, NULL, 4, NULL, NULL, 4, NULL, 0, 8, 2, 1, 2, NULL);
+    en_op_attention_bwd_stored_p(be, y, y2, y3, NULL, NULL, NULL, 4, NULL, NULL, 4, NULL, 0, 8, 2,
+                                 1, 2, NULL);
     en_op_scale(be, y, 2.0f, 0);
     en_op_adamw(be, y, NULL, y2, y3, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 1);
     CHECK(en_op_sumsq(be, NULL, 0) == 0.0, "sumsq of nothing is 0");
@@ -1058,6 +1497,7 @@ static void test_empty(const backends *bs) {
     int untouched = 1;
     for (int i = 0; i < 4; i++) untouched &= y[i] == SENTINEL && y2[i] == SENTINEL;
     CHECK(untouched, "an op with an empty batch wrote its output");
+    CHECK(y3[3] == SENTINEL, "an op with an empty batch wrote its output");
     CHECK(y3[0] == SENTINEL + 5 && y3[1] == SENTINEL + 7 && y3[2] == SENTINEL + 9 &&
               y3[3] == SENTINEL,
           "matmul_bwd K=0: db = %g %g %g %g", y3[0], y3[1], y3[2], y3[3]);
@@ -1111,6 +1551,44 @@ int main(void) {
         test_rope_bwd(&bs, &r, TL, 6, 64, 2 * 64 * 2, 1e6f, pl, 0); /* q in a fused qkv row */
     }
 
+    {
+        static const int32_t p1[] = {0};
+        static const int32_t p3[] = {0, 1, 4000};
+        static const int32_t p4[] = {7, 4000, 4095, 123};
+        static const int32_t p2[] = {1, 8191};
+        enum { TL = 61 };
+        int32_t pl[TL];
+        for (int t = 0; t < TL; t++) pl[t] = 3000 + 17 * t;
+        /* T, H, D, n_rot, pad, mscale, pos, differences */
+        test_rope_freq_bwd(&bs, &r, 1, 1, 2, 2, 0, 1.0f, p1, 1);
+        test_rope_freq_bwd(&bs, &r, 3, 2, 8, 4, 5, 1.2f, p3, 1); /* partial rotary */
+        test_rope_freq_bwd(&bs, &r, 4, 3, 6, 2, 7, 0.7f, p4, 1);
+        test_rope_freq_bwd(&bs, &r, 2, 5, 80, 32, 3, 1.3466f, p2, 1); /* Phi-2 shape */
+        test_rope_freq_bwd(&bs, &r, TL, 6, 64, 48, 2 * 64 * 2, 1.1f, pl, 0);
+    }
+
+    /* n, |g|, gated, differences */
+    for (int gated = 0; gated < 2; gated++) {
+        test_gelu_bwd(&bs, &r, 1, 8, gated, 1);
+        test_gelu_bwd(&bs, &r, 37, 8, gated, 1);
+        test_gelu_bwd(&bs, &r, 100003, 12, gated, 0);
+    }
+
+    /* T, C, eps, |x - offset|, offset, differences */
+    test_layernorm_bwd(&bs, &r, 1, 1, 1e-5f, 1, 0, 1); /* C = 1: dx = 0 */
+    test_layernorm_bwd(&bs, &r, 3, 7, 1e-5f, 3, 0, 1);
+    test_layernorm_bwd(&bs, &r, 5, 33, 1e-6f, 2, 0.5f, 1);
+    test_layernorm_bwd(&bs, &r, 2, 9, 1e-5f, 1e-3f, 0, 1); /* eps matters */
+    test_layernorm_bwd(&bs, &r, 67, 257, 1e-5f, 2, 0, 0);
+    test_layernorm_bwd(&bs, &r, 300, 65, 1e-5f, 2, 1, 0);     /* more rows than one round */
+    test_layernorm_bwd(&bs, &r, 5, 300, 1e-5f, 1e-2f, 1000, 0); /* mean >> std */
+
+    /* n, cap, |x|, in place, differences */
+    test_softcap_bwd(&bs, &r, 1, 30, 100, 0, 1);
+    test_softcap_bwd(&bs, &r, 37, 30, 100, 0, 1);
+    test_softcap_bwd(&bs, &r, 37, 0.5f, 3, 1, 1);
+    test_softcap_bwd(&bs, &r, 100003, 50, 100, 1, 0);
+
     test_swiglu_bwd(&bs, &r, 1, 60, 1);
     test_swiglu_bwd(&bs, &r, 37, 60, 1);
     test_swiglu_bwd(&bs, &r, 100003, 60, 0);
@@ -1148,9 +1626,9 @@ int main(void) {
 
     printf("max normwise errors: op vs central differences (fd), op vs float64 backward "
            "(ref),\nfloat64 backward vs central differences (ref-fd):\n");
-    printf("  %-18s  %9s  %9s  %9s\n", "op", "fd", "ref", "ref-fd");
+    printf("  %-20s  %9s  %9s  %9s\n", "op", "fd", "ref", "ref-fd");
     for (int i = 0; i < g_n_notes; i++) {
-        printf("  %-18s", g_notes[i].op);
+        printf("  %-20s", g_notes[i].op);
         print_note(g_notes[i].fd);
         print_note(g_notes[i].ref);
         print_note(g_notes[i].ana);
