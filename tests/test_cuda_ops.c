@@ -109,7 +109,7 @@ typedef struct op_stat {
     double used;    /* max |cuda - cpu| / (atol + rtol |cpu|): 1 = at the bound */
 } op_stat;
 
-#define MAX_OPS 40
+#define MAX_OPS 48
 
 typedef struct harness {
     en_backend *cpu, *dev; /* dev: CUDA, or a second CPU backend (--cpu-as-cuda) */
@@ -547,6 +547,68 @@ static void test_rope_all(harness *h) {
     test_rope(h, TB, 32, 128, 2 * 8 * 128, 500000.0f, pl);
 }
 
+/* ======================= rope with a frequency table ======================= */
+
+/* Forward and backward of en_op_rope_freq on rows of H*D + pad floats,
+ * with a random table (uploaded: inv_freq is a buffer of the backend): the
+ * dims past n_rot and the padding must come back unchanged. */
+static void test_rope_freq(harness *h, int T, int H, int D, int n_rot, int pad, float mscale,
+                           const int32_t *pos) {
+    char name[160];
+    snprintf(name, sizeof name, "T=%d H=%d D=%d n_rot=%d stride=H*D+%d mscale=%g pos[T-1]=%d", T,
+             H, D, n_rot, pad, mscale, pos[T - 1]);
+    const size_t stride = (size_t)H * D + (size_t)pad, n = (size_t)T * stride;
+    float *inv = h_rand(h, (size_t)n_rot / 2, 1e-4f, 1.5f);
+    float *d_inv = d_put(h, inv, (size_t)n_rot / 2);
+    for (int bwd = 0; bwd < 2; bwd++) {
+        float *x = h_rand(h, n, -1, 1), *xc = h_copy(x, n);
+        int32_t *p = xmalloc((size_t)T * sizeof *p);
+        memcpy(p, pos, (size_t)T * sizeof *p);
+        float *dx = d_put(h, x, n);
+        if (bwd) {
+            en_op_rope_freq_bwd(h->cpu, xc, p, T, H, D, stride, inv, n_rot, mscale);
+            en_op_rope_freq_bwd(h->dev, dx, p, T, H, D, stride, d_inv, n_rot, mscale);
+        } else {
+            en_op_rope_freq(h->cpu, xc, p, T, H, D, stride, inv, n_rot, mscale);
+            en_op_rope_freq(h->dev, dx, p, T, H, D, stride, d_inv, n_rot, mscale);
+        }
+        memset(p, 0, (size_t)T * sizeof *p); /* staged at the call */
+        float *xd = d_get(h, dx, n);
+        const char *op = bwd ? "rope_freq_bwd" : "rope_freq";
+        char nm[220];
+        snprintf(nm, sizeof nm, "%s %s", op, name);
+        compare(h, op, nm, xd, xc, n, ATOL, RTOL);
+        int kept = 1;
+        for (int t = 0; t < T; t++)
+            for (size_t j = 0; j < stride; j++) {
+                const size_t i = (size_t)t * stride + j;
+                if (j >= (size_t)H * D || (int)(j % (size_t)D) >= n_rot)
+                    kept &= memcmp(&xd[i], &x[i], sizeof(float)) == 0;
+            }
+        CHECK(kept, "%s: dims past n_rot or row padding changed", nm);
+        d_free(h, dx);
+        free(x), free(xc), free(xd), free(p);
+    }
+    d_free(h, d_inv);
+    free(inv);
+}
+
+static void test_rope_freq_all(harness *h) {
+    static const int32_t p1[] = {0};
+    static const int32_t p3[] = {0, 1, 4000};
+    static const int32_t p4[] = {7, 4000, 4095, 123};
+    static const int32_t p2[] = {1, 8191};
+    test_rope_freq(h, 1, 1, 2, 2, 0, 1.0f, p1);
+    test_rope_freq(h, 3, 2, 8, 4, 5, 1.2f, p3);
+    test_rope_freq(h, 4, 3, 6, 2, 7, 0.7f, p4);
+    test_rope_freq(h, 2, 5, 80, 32, 3, 1.3466f, p2); /* Phi-2: partial rotary, YaRN-like mscale */
+    enum { TB = 1024 };
+    int32_t pl[TB];
+    for (int t = 0; t < TB; t++) pl[t] = 7 * t + 5;
+    /* Large: q (32 heads) inside a fused qkv row, D = 128, n_rot = 64. */
+    test_rope_freq(h, TB, 32, 128, 64, 2 * 8 * 128, 1.0f, pl);
+}
+
 /* =============================== embedding =============================== */
 
 static void test_embedding(harness *h, int V, int C, int T) {
@@ -646,6 +708,187 @@ static void test_swiglu_bwd(harness *h, size_t n, float gmax) {
     free(g), free(u), free(dy), free(ig), free(iu), free(pg), free(pu), free(cg), free(cu);
 }
 
+/* ====================== gelu, geglu, layernorm, softcap ====================== */
+
+/* Gates with the extremes first: 1 + tanh cancels for g < 0, exp(-2u)
+ * overflows float past g = -10, g^3 past |g| = 7e12. */
+static float *gelu_gates(harness *h, size_t n, float gmax) {
+    static const float edge[] = {0.0f, 1.0f, -1.0f, -3.0f, -5.0f, 10.0f, -10.0f,
+                                 60.0f, -60.0f, 100.0f, -100.0f, 1e20f, -1e20f};
+    float *g = h_rand(h, n, -gmax, gmax);
+    for (size_t i = 0; i < n && i < sizeof edge / sizeof edge[0]; i++) g[i] = edge[i];
+    return g;
+}
+
+/* gated: en_op_geglu (y = gelu(gate) up), else en_op_gelu (y = gelu(x)). */
+static void test_gelu(harness *h, size_t n, float gmax, int alias, int gated) {
+    char name[96];
+    const char *op = gated ? "geglu" : "gelu";
+    snprintf(name, sizeof name, "%s n=%zu |g|<=%g%s", op, n, gmax, alias ? " in place" : "");
+    float *g = gelu_gates(h, n, gmax), *u = h_rand(h, n, -2, 2);
+    float *yc = alias ? h_copy(g, n) : h_fill(n, NAN);
+    float *dg = d_put(h, g, n), *du = d_put(h, u, n);
+    float *dy = alias ? dg : d_nan(h, n);
+    if (gated) {
+        en_op_geglu(h->cpu, yc, alias ? yc : g, u, n);
+        en_op_geglu(h->dev, dy, dg, du, n);
+    } else {
+        en_op_gelu(h->cpu, yc, alias ? yc : g, n);
+        en_op_gelu(h->dev, dy, dg, n);
+    }
+    float *yd = d_get(h, dy, n);
+    compare(h, op, name, yd, yc, n, ATOL, RTOL);
+    d_free(h, dg), d_free(h, du);
+    if (!alias) d_free(h, dy);
+    free(g), free(u), free(yc), free(yd);
+}
+
+static void test_gelu_bwd(harness *h, size_t n, float gmax, int gated) {
+    char name[96];
+    const char *op = gated ? "geglu_bwd" : "gelu_bwd";
+    snprintf(name, sizeof name, "%s n=%zu |g|<=%g", op, n, gmax);
+    float *g = gelu_gates(h, n, gmax), *u = h_rand(h, n, -2, 2), *dy = h_rand(h, n, -1, 1);
+    float *ig = h_fill(n, 0), *iu = h_fill(n, 0);
+    if (gated)
+        en_op_geglu_bwd(h->cpu, ig, iu, dy, g, u, n);
+    else
+        en_op_gelu_bwd(h->cpu, ig, dy, g, n);
+    float *pg = grad_pre(h, ig, n), *pu = grad_pre(h, iu, n);
+    float *cg = h_copy(pg, n), *cu = h_copy(pu, n);
+    if (gated)
+        en_op_geglu_bwd(h->cpu, cg, cu, dy, g, u, n);
+    else
+        en_op_gelu_bwd(h->cpu, cg, dy, g, n);
+    float *d_g = d_put(h, g, n), *d_u = d_put(h, u, n), *d_dy = d_put(h, dy, n);
+    for (int alone = 0; alone < (gated ? 3 : 1); alone++) { /* both, dgate alone, dup alone */
+        float *gg = d_put(h, pg, n), *gu = d_put(h, pu, n);
+        if (gated)
+            en_op_geglu_bwd(h->dev, alone != 2 ? gg : NULL, alone != 1 ? gu : NULL, d_dy, d_g, d_u,
+                            n);
+        else
+            en_op_gelu_bwd(h->dev, gg, d_dy, d_g, n);
+        float *rg = d_get(h, gg, n), *ru = d_get(h, gu, n);
+        char nm[160];
+        snprintf(nm, sizeof nm, "%s %s%s", name, gated ? "dgate" : "dx",
+                 alone == 1 ? " (alone)" : "");
+        if (alone != 2)
+            compare_grad(h, op, nm, rg, cg, pg, n);
+        else
+            compare(h, op, nm, rg, pg, n, 0.0, 0.0);
+        if (gated) {
+            snprintf(nm, sizeof nm, "%s dup%s", name, alone == 2 ? " (alone)" : "");
+            if (alone != 1)
+                compare_grad(h, op, nm, ru, cu, pu, n);
+            else
+                compare(h, op, nm, ru, pu, n, 0.0, 0.0);
+        }
+        d_free(h, gg), d_free(h, gu);
+        free(rg), free(ru);
+    }
+    d_free(h, d_g), d_free(h, d_u), d_free(h, d_dy);
+    free(g), free(u), free(dy), free(ig), free(iu), free(pg), free(pu), free(cg), free(cu);
+}
+
+static void test_layernorm(harness *h, int T, int C, float eps, float xmax, float offset,
+                           int with_bias, int alias) {
+    char name[128];
+    snprintf(name, sizeof name, "layernorm T=%d C=%d eps=%g x=%g+-%g%s%s", T, C, eps, offset,
+             xmax, with_bias ? " +bias" : "", alias ? " y==x" : "");
+    const size_t n = (size_t)T * C;
+    float *x = h_rand(h, n, -xmax, xmax), *w = h_rand(h, (size_t)C, 0.5f, 1.5f);
+    for (size_t i = 0; i < n; i++) x[i] += offset;
+    float *b = with_bias ? h_rand(h, (size_t)C, -1, 1) : NULL;
+    float *yc = alias ? h_copy(x, n) : h_fill(n, NAN);
+    en_op_layernorm(h->cpu, yc, alias ? yc : x, w, b, eps, T, C);
+    float *dx = d_put(h, x, n), *dw = d_put(h, w, (size_t)C);
+    float *db = b ? d_put(h, b, (size_t)C) : NULL;
+    float *dy = alias ? dx : d_nan(h, n);
+    en_op_layernorm(h->dev, dy, dx, dw, db, eps, T, C);
+    float *yd = d_get(h, dy, n);
+    compare(h, "layernorm", name, yd, yc, n, ATOL, RTOL);
+    d_free(h, dx), d_free(h, dw), d_free(h, db);
+    if (!alias) d_free(h, dy);
+    free(x), free(w), free(b), free(yc), free(yd);
+}
+
+static void test_layernorm_bwd(harness *h, int T, int C, float eps, float xmax, float offset) {
+    char name[128];
+    snprintf(name, sizeof name, "layernorm_bwd T=%d C=%d eps=%g x=%g+-%g", T, C, eps, offset,
+             xmax);
+    const size_t n = (size_t)T * C, nc = (size_t)C;
+    float *x = h_rand(h, n, -xmax, xmax), *w = h_rand(h, nc, 0.5f, 1.5f);
+    for (size_t i = 0; i < n; i++) x[i] += offset;
+    float *dy = h_rand(h, n, -1, 1);
+    float *ix = h_fill(n, 0), *iw = h_fill(nc, 0), *ib = h_fill(nc, 0);
+    en_op_layernorm_bwd(h->cpu, ix, iw, ib, dy, x, w, eps, T, C);
+    float *px = grad_pre(h, ix, n), *pw = grad_pre(h, iw, nc), *pb = grad_pre(h, ib, nc);
+    float *cx = h_copy(px, n), *cw = h_copy(pw, nc), *cb = h_copy(pb, nc);
+    en_op_layernorm_bwd(h->cpu, cx, cw, cb, dy, x, w, eps, T, C);
+    float *d_x = d_put(h, x, n), *d_w = d_put(h, w, nc), *d_dy = d_put(h, dy, n);
+    for (int alone = 0; alone < 4; alone++) { /* 0: all, then dx, dw, db alone */
+        static const char *const how[] = {"", " (dx alone)", " (dw alone)", " (db alone)"};
+        float *gx = d_put(h, px, n), *gw = d_put(h, pw, nc), *gb = d_put(h, pb, nc);
+        en_op_layernorm_bwd(h->dev, alone == 0 || alone == 1 ? gx : NULL,
+                            alone == 0 || alone == 2 ? gw : NULL,
+                            alone == 0 || alone == 3 ? gb : NULL, d_dy, d_x, d_w, eps, T, C);
+        float *rx = d_get(h, gx, n), *rw = d_get(h, gw, nc), *rb = d_get(h, gb, nc);
+        char nm[180];
+        snprintf(nm, sizeof nm, "%s dx%s", name, how[alone]);
+        if (alone == 0 || alone == 1)
+            compare_grad(h, "layernorm_bwd", nm, rx, cx, px, n);
+        else
+            compare(h, "layernorm_bwd", nm, rx, px, n, 0.0, 0.0);
+        snprintf(nm, sizeof nm, "%s dw%s", name, how[alone]);
+        if (alone == 0 || alone == 2)
+            compare_grad(h, "layernorm_bwd", nm, rw, cw, pw, nc);
+        else
+            compare(h, "layernorm_bwd", nm, rw, pw, nc, 0.0, 0.0);
+        snprintf(nm, sizeof nm, "%s db%s", name, how[alone]);
+        if (alone == 0 || alone == 3)
+            compare_grad(h, "layernorm_bwd", nm, rb, cb, pb, nc);
+        else
+            compare(h, "layernorm_bwd", nm, rb, pb, nc, 0.0, 0.0);
+        d_free(h, gx), d_free(h, gw), d_free(h, gb);
+        free(rx), free(rw), free(rb);
+    }
+    d_free(h, d_x), d_free(h, d_w), d_free(h, d_dy);
+    free(x), free(w), free(dy), free(ix), free(iw), free(ib), free(px), free(pw), free(pb);
+    free(cx), free(cw), free(cb);
+}
+
+/* Forward, then the backward from the forward's output (each side its
+ * own), overwriting dx; in place (dx == dy) when asked. */
+static void test_softcap(harness *h, size_t n, float cap, float xmax, int in_place) {
+    char name[96];
+    snprintf(name, sizeof name, "n=%zu cap=%g |x|<=%g%s", n, cap, xmax,
+             in_place ? " in place" : "");
+    float *x = h_rand(h, n, -xmax, xmax), *g = h_rand(h, n, -1, 1);
+    static const float edge[] = {0.0f, 1e-30f, 1e30f, -1e30f, 89.0f, -89.0f};
+    for (size_t i = 0; i < n && i < sizeof edge / sizeof edge[0]; i++) x[i] = edge[i];
+    float *yc = in_place ? h_copy(x, n) : h_fill(n, NAN);
+    en_op_softcap(h->cpu, yc, in_place ? yc : x, cap, n);
+    float *d_x = d_put(h, x, n);
+    float *d_y = in_place ? d_x : d_nan(h, n);
+    en_op_softcap(h->dev, d_y, d_x, cap, n);
+    float *yd = d_get(h, d_y, n);
+    char nm[160];
+    snprintf(nm, sizeof nm, "softcap %s", name);
+    compare(h, "softcap", nm, yd, yc, n, ATOL, RTOL);
+
+    float *gc = in_place ? h_copy(g, n) : h_fill(n, NAN);
+    en_op_softcap_bwd(h->cpu, gc, in_place ? gc : g, yc, cap, n);
+    float *d_g = d_put(h, g, n);
+    float *d_dx = in_place ? d_g : d_nan(h, n);
+    en_op_softcap_bwd(h->dev, d_dx, d_g, d_y, cap, n);
+    float *gd = d_get(h, d_dx, n);
+    snprintf(nm, sizeof nm, "softcap_bwd %s", name);
+    /* Overwritten, so no pre: normwise against the largest gradient. */
+    compare(h, "softcap_bwd", nm, gd, gc, n, GRAD_NORM * max_diff(gc, NULL, n), GRAD_RTOL);
+    d_free(h, d_x), d_free(h, d_g);
+    if (!in_place) d_free(h, d_y), d_free(h, d_dx);
+    free(x), free(g), free(yc), free(yd), free(gc), free(gd);
+}
+
 /* alias: 0 y separate, 1 y == a, 2 y == b. */
 static void test_add(harness *h, size_t n, int alias) {
     static const char *const how[] = {"", " y==a", " y==b"};
@@ -673,6 +916,8 @@ typedef struct attn_case {
     int first_pos;      /* pos[t] = first_pos + t, unless pos */
     int big;            /* query 0, head 0 scores sqrt(D)*144 on its own key */
     const int32_t *pos; /* (T) positions out of order, or NULL */
+    float scale;        /* en_attn_params.scale (0: 1/sqrt(D)) */
+    float softcap;      /* en_attn_params.softcap (0: off) */
 } attn_case;
 
 /* Fisher-Yates shuffle of 0..n-1. */
@@ -703,15 +948,17 @@ static void attn_range(const int32_t *pos, int t, int window, int *s0, int *s1) 
     *s0 = window > 0 && pos[t] - window + 1 > 0 ? pos[t] - window + 1 : 0;
 }
 
-/* Every attention op on one case: attention; rows_scatter into a shuffled
- * pool and attention_rows over it; attention_store (output and
- * probabilities); attention_bwd (all three gradients, then each alone);
- * attention_bwd_stored, each side with its own stored probabilities. */
+/* Every attention op on one case, through the _p ops with the case's
+ * en_attn_params: attention; rows_scatter into a shuffled pool and
+ * attention_rows over it; attention_store (output and probabilities);
+ * attention_bwd (all three gradients, then each alone); attention_bwd_stored,
+ * each side with its own stored probabilities. */
 static void test_attention(harness *h, const attn_case *c) {
     const int T = c->T, S = c->S, H = c->H, Hkv = c->Hkv, D = c->D, W = c->window;
-    char name[200];
-    snprintf(name, sizeof name, "%s (T=%d S=%d H=%d Hkv=%d D=%d window=%d)", c->what, T, S, H, Hkv,
-             D, W);
+    const en_attn_params ap = {W, c->scale, c->softcap};
+    char name[260];
+    snprintf(name, sizeof name, "%s (T=%d S=%d H=%d Hkv=%d D=%d window=%d scale=%g softcap=%g)",
+             c->what, T, S, H, Hkv, D, W, c->scale, c->softcap);
     const size_t qs = (size_t)H * D + (size_t)c->q_pad, kvs = (size_t)Hkv * D + (size_t)c->kv_pad;
     const size_t nq = (size_t)T * qs, nkv = (size_t)S * kvs, no = (size_t)T * H * D;
     const size_t np = (size_t)T * H * S;
@@ -752,14 +999,14 @@ static void test_attention(harness *h, const attn_case *c) {
     float *d_q = d_put(h, q, nq), *d_k = d_put(h, k, nkv), *d_v = d_put(h, v, nkv);
     float *d_dout = d_put(h, dout, no);
     float *nan_o = h_fill(no, NAN);
-    char nm[260];
+    char nm[320];
 
     /* ---- forward ---- */
     float *oc = h_copy(nan_o, no);
     memcpy(pos, pos_keep, (size_t)T * sizeof *pos);
-    en_op_attention(h->cpu, oc, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, W);
+    en_op_attention_p(h->cpu, oc, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, &ap);
     float *d_o = d_put(h, nan_o, no);
-    en_op_attention(h->dev, d_o, d_q, qs, d_k, d_v, kvs, pos, T, S, H, Hkv, D, W);
+    en_op_attention_p(h->dev, d_o, d_q, qs, d_k, d_v, kvs, pos, T, S, H, Hkv, D, &ap);
     memset(pos, 0, (size_t)T * sizeof *pos); /* staged at the call */
     float *od = d_get(h, d_o, no);
     snprintf(nm, sizeof nm, "attention %s", name);
@@ -787,9 +1034,9 @@ static void test_attention(harness *h, const attn_case *c) {
     float *orc = h_copy(nan_o, no);
     memcpy(pos, pos_keep, (size_t)T * sizeof *pos);
     memcpy(rows, rows_keep, (size_t)S * sizeof *rows);
-    en_op_attention_rows(h->cpu, orc, q, qs, kp, vp, kvs, rows, pos, T, S, H, Hkv, D, W);
+    en_op_attention_rows_p(h->cpu, orc, q, qs, kp, vp, kvs, rows, pos, T, S, H, Hkv, D, &ap);
     en_backend_upload(h->dev, d_o, nan_o, no * sizeof(float));
-    en_op_attention_rows(h->dev, d_o, d_q, qs, d_kp, d_vp, kvs, rows, pos, T, S, H, Hkv, D, W);
+    en_op_attention_rows_p(h->dev, d_o, d_q, qs, d_kp, d_vp, kvs, rows, pos, T, S, H, Hkv, D, &ap);
     memset(pos, 0, (size_t)T * sizeof *pos);
     memset(rows, 0, (size_t)S * sizeof *rows);
     od = d_get(h, d_o, no);
@@ -801,10 +1048,10 @@ static void test_attention(harness *h, const attn_case *c) {
     /* ---- attention_store: output and probabilities ---- */
     float *osc = h_copy(nan_o, no), *pc = h_fill(np, NAN);
     memcpy(pos, pos_keep, (size_t)T * sizeof *pos);
-    en_op_attention_store(h->cpu, osc, pc, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, W);
+    en_op_attention_store_p(h->cpu, osc, pc, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, &ap);
     float *d_p = d_nan(h, np);
     en_backend_upload(h->dev, d_o, nan_o, no * sizeof(float));
-    en_op_attention_store(h->dev, d_o, d_p, d_q, qs, d_k, d_v, kvs, pos, T, S, H, Hkv, D, W);
+    en_op_attention_store_p(h->dev, d_o, d_p, d_q, qs, d_k, d_v, kvs, pos, T, S, H, Hkv, D, &ap);
     memset(pos, 0, (size_t)T * sizeof *pos);
     od = d_get(h, d_o, no);
     float *pd = d_get(h, d_p, np);
@@ -827,18 +1074,18 @@ static void test_attention(harness *h, const attn_case *c) {
     /* ---- attention_bwd: all three gradients, then each alone ---- */
     float *iq = h_fill(nq, 0), *ik = h_fill(nkv, 0), *iv = h_fill(nkv, 0);
     memcpy(pos, pos_keep, (size_t)T * sizeof *pos);
-    en_op_attention_bwd(h->cpu, iq, ik, iv, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, W);
+    en_op_attention_bwd_p(h->cpu, iq, ik, iv, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, &ap);
     float *pq = grad_pre(h, iq, nq), *pk = grad_pre(h, ik, nkv), *pv = grad_pre(h, iv, nkv);
     float *cq = h_copy(pq, nq), *ck = h_copy(pk, nkv), *cv = h_copy(pv, nkv);
-    en_op_attention_bwd(h->cpu, cq, ck, cv, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, W);
+    en_op_attention_bwd_p(h->cpu, cq, ck, cv, dout, q, qs, k, v, kvs, pos, T, S, H, Hkv, D, &ap);
     for (int alone = 0; alone < 4; alone++) { /* 0: all, then dq, dk, dv alone */
         static const char *const how[] = {"", " (dq alone)", " (dk alone)", " (dv alone)"};
         float *gq = d_put(h, pq, nq), *gk = d_put(h, pk, nkv), *gv = d_put(h, pv, nkv);
         memcpy(pos, pos_keep, (size_t)T * sizeof *pos);
-        en_op_attention_bwd(h->dev, alone == 0 || alone == 1 ? gq : NULL,
+        en_op_attention_bwd_p(h->dev, alone == 0 || alone == 1 ? gq : NULL,
                             alone == 0 || alone == 2 ? gk : NULL,
                             alone == 0 || alone == 3 ? gv : NULL, d_dout, d_q, qs, d_k, d_v, kvs,
-                            pos, T, S, H, Hkv, D, W);
+                            pos, T, S, H, Hkv, D, &ap);
         memset(pos, 0, (size_t)T * sizeof *pos);
         float *rq = d_get(h, gq, nq), *rk2 = d_get(h, gk, nkv), *rv2 = d_get(h, gv, nkv);
         snprintf(nm, sizeof nm, "attention_bwd dq%s %s", how[alone], name);
@@ -871,12 +1118,12 @@ static void test_attention(harness *h, const attn_case *c) {
     memcpy(ck, pk, nkv * sizeof *ck);
     memcpy(cv, pv, nkv * sizeof *cv);
     memcpy(pos, pos_keep, (size_t)T * sizeof *pos);
-    en_op_attention_bwd_stored(h->cpu, cq, ck, cv, dout, pc, q, qs, k, v, kvs, pos, T, S, H, Hkv,
-                               D, W);
+    en_op_attention_bwd_stored_p(h->cpu, cq, ck, cv, dout, pc, q, qs, k, v, kvs, pos, T, S, H, Hkv,
+                               D, &ap);
     {
         float *gq = d_put(h, pq, nq), *gk = d_put(h, pk, nkv), *gv = d_put(h, pv, nkv);
-        en_op_attention_bwd_stored(h->dev, gq, gk, gv, d_dout, d_p, d_q, qs, d_k, d_v, kvs, pos, T,
-                                   S, H, Hkv, D, W);
+        en_op_attention_bwd_stored_p(h->dev, gq, gk, gv, d_dout, d_p, d_q, qs, d_k, d_v, kvs, pos, T,
+                                   S, H, Hkv, D, &ap);
         memset(pos, 0, (size_t)T * sizeof *pos);
         float *rq = d_get(h, gq, nq), *rk2 = d_get(h, gk, nkv), *rv2 = d_get(h, gv, nkv);
         snprintf(nm, sizeof nm, "attention_bwd_stored dq %s", name);
@@ -907,33 +1154,50 @@ static void test_attention_all(harness *h) {
     /* The decode kernel runs for T <= 8 queries, the tile kernel above; both
      * get GQA, MQA, windows, row strides and odd D. */
     static const attn_case cases[] = {
-        /* what, T, S, H, Hkv, D, window, q_pad, kv_pad, first_pos, big, pos */
-        {"GQA 6/2, prefill at the end of the cache", 3, 9, 6, 2, 8, 0, 5, 3, 6, 0, NULL},
-        {"MHA, single-token decode, odd D", 1, 17, 3, 3, 5, 0, 0, 0, 16, 0, NULL},
-        {"MQA, window 3, prefill", 4, 12, 4, 1, 7, 3, 2, 1, 8, 0, NULL},
-        {"all sizes 1", 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, NULL},
-        {"window 1 (self only)", 3, 6, 2, 1, 3, 1, 1, 1, 3, 0, NULL},
+        /* what, T, S, H, Hkv, D, window, q_pad, kv_pad, first_pos, big, pos, scale, softcap */
+        {"GQA 6/2, prefill at the end of the cache", 3, 9, 6, 2, 8, 0, 5, 3, 6, 0, NULL, 0, 0},
+        {"MHA, single-token decode, odd D", 1, 17, 3, 3, 5, 0, 0, 0, 16, 0, NULL, 0, 0},
+        {"MQA, window 3, prefill", 4, 12, 4, 1, 7, 3, 2, 1, 8, 0, NULL, 0, 0},
+        {"all sizes 1", 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, NULL, 0, 0},
+        {"window 1 (self only)", 3, 6, 2, 1, 3, 1, 1, 1, 3, 0, NULL, 0, 0},
         {"8 queries (largest decode batch), GQA 8/2, window 40", 8, 300, 8, 2, 64, 40, 3, 5, 292,
-         0, NULL},
-        {"9 queries (smallest tile batch), GQA 8/2", 9, 300, 8, 2, 64, 0, 3, 5, 291, 0, NULL},
-        {"training, pos = t, GQA 6/2", 37, 37, 6, 2, 16, 0, 0, 0, 0, 0, NULL},
-        {"training, MQA, window 40, D = 33", 130, 130, 4, 1, 33, 40, 0, 0, 0, 0, NULL},
-        {"long windowed prefill, odd D", 37, 300, 6, 2, 9, 50, 0, 4, 263, 0, NULL},
-        {"decode over a long cache", 2, 700, 6, 2, 64, 0, 3, 5, 698, 0, NULL},
-        {"positions out of order, window 2", 4, 12, 4, 2, 6, 2, 1, 0, 0, 0, shuffled4},
-        {"positions out of order, window 2, tiles", 12, 30, 4, 2, 8, 2, 0, 1, 0, 0, spread12},
-        {"large scores, decode kernel", 4, 10, 2, 1, 4, 0, 0, 0, 6, 1, NULL},
-        {"large scores, tile kernel", 20, 20, 4, 2, 16, 0, 0, 0, 0, 1, NULL},
-        {"D = 256 (the largest), GQA 4/2", 11, 40, 4, 2, 256, 0, 0, 0, 29, 0, NULL},
-        {"D = 200, window 7", 10, 30, 2, 1, 200, 7, 3, 1, 20, 0, NULL},
-        {"D = 128, 3-query decode", 3, 500, 8, 8, 128, 0, 0, 0, 497, 0, NULL},
+         0, NULL, 0, 0},
+        {"9 queries (smallest tile batch), GQA 8/2", 9, 300, 8, 2, 64, 0, 3, 5, 291, 0, NULL, 0, 0},
+        {"training, pos = t, GQA 6/2", 37, 37, 6, 2, 16, 0, 0, 0, 0, 0, NULL, 0, 0},
+        {"training, MQA, window 40, D = 33", 130, 130, 4, 1, 33, 40, 0, 0, 0, 0, NULL, 0, 0},
+        {"long windowed prefill, odd D", 37, 300, 6, 2, 9, 50, 0, 4, 263, 0, NULL, 0, 0},
+        {"decode over a long cache", 2, 700, 6, 2, 64, 0, 3, 5, 698, 0, NULL, 0, 0},
+        {"positions out of order, window 2", 4, 12, 4, 2, 6, 2, 1, 0, 0, 0, shuffled4, 0, 0},
+        {"positions out of order, window 2, tiles", 12, 30, 4, 2, 8, 2, 0, 1, 0, 0, spread12, 0, 0},
+        {"large scores, decode kernel", 4, 10, 2, 1, 4, 0, 0, 0, 6, 1, NULL, 0, 0},
+        {"large scores, tile kernel", 20, 20, 4, 2, 16, 0, 0, 0, 0, 1, NULL, 0, 0},
+        {"D = 256 (the largest), GQA 4/2", 11, 40, 4, 2, 256, 0, 0, 0, 29, 0, NULL, 0, 0},
+        {"D = 200, window 7", 10, 30, 2, 1, 200, 7, 3, 1, 20, 0, NULL, 0, 0},
+        {"D = 128, 3-query decode", 3, 500, 8, 8, 128, 0, 0, 0, 497, 0, NULL, 0, 0},
+        /* en_attn_params: a scale other than 1/sqrt(D) and soft-caps (Gemma 2
+         * caps attention scores at 50; small caps bend the scores more). */
+        {"scale 0.9, no cap, decode kernel", 3, 40, 4, 2, 16, 0, 1, 2, 37, 0, NULL, 0.9f, 0},
+        {"soft-cap 2, GQA 6/2, tile kernel", 37, 37, 6, 2, 16, 0, 0, 0, 0, 0, NULL, 0, 2.0f},
+        {"scale 1/12, soft-cap 50, GQA 8/2, D = 128, decode", 3, 500, 8, 2, 128, 0, 0, 0, 497, 0,
+         NULL, 1.0f / 12, 50.0f},
+        {"scale 2, soft-cap 1 (saturated), MQA, window 40", 130, 130, 4, 1, 33, 40, 0, 0, 0, 0,
+         NULL, 2.0f, 1.0f},
+        {"soft-cap 0.7, positions out of order, window 2, tiles", 12, 30, 4, 2, 8, 2, 0, 1, 0, 0,
+         spread12, 0.5f, 0.7f},
+        {"large scores capped (soft-cap 20), decode kernel", 4, 10, 2, 1, 4, 0, 0, 0, 6, 1, NULL, 0,
+         20.0f},
+        {"large scores capped (soft-cap 20), tile kernel", 20, 20, 4, 2, 16, 0, 0, 0, 0, 1, NULL, 0,
+         20.0f},
+        {"soft-cap 30, D = 256, window 7", 11, 40, 4, 2, 256, 7, 0, 0, 29, 0, NULL, 0.0625f, 30.0f},
         /* Large. */
-        {"large: training, GQA 8/2, D = 64", 1024, 1024, 8, 2, 64, 0, 0, 0, 0, 0, NULL},
-        {"large: training, MHA 8, D = 128", 1024, 1024, 8, 8, 128, 0, 0, 0, 0, 0, NULL},
+        {"large: training, GQA 8/2, D = 64", 1024, 1024, 8, 2, 64, 0, 0, 0, 0, 0, NULL, 0, 0},
+        {"large: training, MHA 8, D = 128", 1024, 1024, 8, 8, 128, 0, 0, 0, 0, 0, NULL, 0, 0},
         {"large: windowed, q in a fused qkv row", 1024, 1024, 8, 2, 128, 256, 4 * 128, 0, 0, 0,
-         NULL},
+         NULL, 0, 0},
         {"large: decode over 4096 keys, GQA 32/8, D = 128", 1, 4096, 32, 8, 128, 0, 0, 0, 4095, 0,
-         NULL},
+         NULL, 0, 0},
+        {"large: training, GQA 8/2, D = 128, scale 1/12, soft-cap 50, window 256", 1024, 1024, 8,
+         2, 128, 256, 0, 0, 0, 0, NULL, 1.0f / 12, 50.0f},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(h, &cases[i]);
 }
@@ -1266,6 +1530,7 @@ int main(int argc, char **argv) {
     test_rmsnorm_bwd(&h, 2, 33, 1e-5f, 1e19f);  /* x^2 and s^3 leave float */
 
     test_rope_all(&h);
+    test_rope_freq_all(&h);
 
     /* V, C, T */
     test_embedding(&h, 1, 1, 1);
@@ -1287,6 +1552,43 @@ int main(int argc, char **argv) {
     test_swiglu_bwd(&h, 37, 60);
     test_swiglu_bwd(&h, 100003, 60);
     test_swiglu_bwd(&h, (size_t)1024 * 11008 + 3, 8); /* large */
+
+    /* n, |g|, in place, gated */
+    for (int gated = 0; gated < 2; gated++) {
+        test_gelu(&h, 1, 8, 0, gated);
+        test_gelu(&h, 37, 8, 0, gated);
+        test_gelu(&h, 37, 8, 1, gated);
+        test_gelu(&h, 100003, 12, 1, gated);
+        test_gelu(&h, (size_t)1024 * 11008 + 3, 8, 0, gated); /* large */
+        test_gelu_bwd(&h, 1, 8, gated);
+        test_gelu_bwd(&h, 37, 8, gated);
+        test_gelu_bwd(&h, 100003, 12, gated);
+        test_gelu_bwd(&h, (size_t)1024 * 11008 + 3, 8, gated); /* large */
+    }
+
+    /* T, C, eps, |x - offset|, offset, bias, alias */
+    test_layernorm(&h, 1, 1, 1e-5f, 1, 0, 1, 0);
+    test_layernorm(&h, 3, 7, 1e-5f, 3, 0, 0, 0);
+    test_layernorm(&h, 3, 7, 1e-5f, 3, 0, 1, 1);
+    test_layernorm(&h, 67, 257, 1e-5f, 2, 0.5f, 1, 0);
+    test_layernorm(&h, 2, 9, 1e-5f, 1e-3f, 0, 1, 0);      /* eps matters */
+    test_layernorm(&h, 5, 300, 1e-5f, 1e-2f, 1000, 1, 0); /* mean >> std */
+    test_layernorm(&h, 2, 33, 1e-5f, 1e19f, 0, 1, 0);     /* x^2 overflows float */
+    test_layernorm(&h, 1024, 4096, 1e-5f, 2, 0, 1, 1);    /* large */
+    /* T grows, then shrinks: the CUDA row-statistics scratch is resized. */
+    test_layernorm_bwd(&h, 1, 1, 1e-5f, 1, 0);
+    test_layernorm_bwd(&h, 3, 7, 1e-5f, 3, 0);
+    test_layernorm_bwd(&h, 2, 9, 1e-5f, 1e-3f, 0);
+    test_layernorm_bwd(&h, 300, 65, 1e-5f, 2, 1);
+    test_layernorm_bwd(&h, 5, 300, 1e-5f, 1e-2f, 1000);
+    test_layernorm_bwd(&h, 1024, 4096, 1e-5f, 2, 0); /* large */
+    test_layernorm_bwd(&h, 67, 257, 1e-6f, 2, 0.5f);
+
+    /* n, cap, |x|, in place */
+    test_softcap(&h, 1, 30, 100, 0);
+    test_softcap(&h, 37, 30, 100, 0);
+    test_softcap(&h, 37, 0.5f, 3, 1);
+    test_softcap(&h, (size_t)512 * 32000 + 3, 30, 60, 1); /* large: Gemma 2's logits */
 
     for (int alias = 0; alias < 3; alias++) {
         test_add(&h, 1, alias);
