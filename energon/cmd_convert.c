@@ -50,10 +50,13 @@ static int convert_gguf(int argc, char **argv) {
         return EN_EXIT_USAGE;
     }
     en_err err = {0};
-    if (en_convert_gguf(in, out, &err)) {
+    en_backend *be = NULL;
+    if (en_backend_cpu_create(NULL, &be, &err) || en_convert_gguf(be, in, out, &err)) {
         en_cli_error(CMD, "%s", err.msg);
+        en_backend_destroy(be);
         return EN_EXIT_ERROR;
     }
+    en_backend_destroy(be);
     fprintf(stderr, "energon convert: wrote %s\n", out);
     return EN_EXIT_OK;
 }

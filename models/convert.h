@@ -51,9 +51,10 @@ en_status en_hf_copy_tokenizer(const char *src_dir, const char *dst_dir, int bos
 en_status en_convert_llama2c(const char *checkpoint, const char *tokenizer_model,
                              const char *out_dir, en_err *err);
 
-/* Convert a llama-architecture GGUF file (llama.cpp's format) into a
- * Hugging Face llama directory: config.json, float32 model.safetensors
- * (tensors dequantised, q/k rows put back into rotate-half order),
+/* Convert a GGUF file (llama.cpp's format; architectures llama, qwen2,
+ * qwen3) into a Hugging Face directory, loading it on the backend be:
+ * config.json, float32 model.safetensors (tensors dequantised, llama's q/k
+ * rows put back into rotate-half order),
  * tokenizer.json, tokenizer_config.json, generation_config.json and
  * chat_template.jinja (when the file has one). Tokenizers: byte-level BPE
  * (tokenizer.ggml.model "gpt2" with GPT-2's pre-tokenizer) and
@@ -61,6 +62,7 @@ en_status en_convert_llama2c(const char *checkpoint, const char *tokenizer_model
  * scores as transformers does). Other architectures,
  * rope scaling and other tokenizer kinds are EN_ERR_UNSUPPORTED naming the
  * key; a damaged file is EN_ERR_FORMAT (from en_gguf_open). */
-en_status en_convert_gguf(const char *gguf_path, const char *out_dir, en_err *err);
+en_status en_convert_gguf(en_backend *be, const char *gguf_path, const char *out_dir,
+                          en_err *err);
 
 #endif

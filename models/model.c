@@ -11,6 +11,7 @@
 #include "../common/file.h"
 #include "../common/safetensors.h"
 #include "family.h"
+#include "gguf_model.h"
 
 en_model_params en_model_params_default(void) {
     en_model_params p = {0};
@@ -28,9 +29,12 @@ en_ctx_params en_ctx_params_default(void) {
 typedef struct shard_set {
     en_st_file *files;
     int n;
+    en_gguf *gguf; /* or a GGUF file (gguf_model.h) */
 } shard_set;
 
 static void shards_close(shard_set *ss) {
+    en_gguf_close(ss->gguf);
+    ss->gguf = NULL;
     for (int i = 0; i < ss->n; i++) en_st_close(&ss->files[i]);
     en_free(ss->files);
     ss->n = 0;
@@ -132,16 +136,58 @@ static const en_st_tensor *shards_find(const shard_set *ss, const char *name, co
     return NULL;
 }
 
-/* A tensor of the checkpoint by its Hugging Face name; GPT-2 checkpoints
- * on the Hub also store "transformer.h.0..." as "h.0..." (the base model's
- * names), which is accepted too. */
-static const en_st_tensor *find_file_tensor(const shard_set *ss, const char *name,
-                                            const char **file) {
-    const en_st_tensor *t = shards_find(ss, name, file);
+/* One tensor of the checkpoint, by its Hugging Face name: where it is and
+ * its shape in Hugging Face's row-major (rows, cols) order. */
+typedef struct src_tensor {
+    const char *file, *name; /* for messages */
+    int n_dims;
+    int64_t shape[2];
+    int64_t n_elem;
+    const en_st_tensor *st;  /* safetensors */
+    const en_gguf_tensor *gt; /* or GGUF */
+    int perm;                /* GGUF: 1 / 2 q / k rows to unpermute */
+    char gname[96];
+} src_tensor;
+
+/* GPT-2 checkpoints on the Hub also store "transformer.h.0..." as
+ * "h.0..." (the base model's names), which is accepted too. */
+static int src_find(const shard_set *ss, const char *name, src_tensor *t) {
+    memset(t, 0, sizeof *t);
+    if (ss->gguf) {
+        t->perm = en_gguf_model_tensor_name(ss->gguf, name, t->gname, sizeof t->gname);
+        t->gt = t->perm >= 0 ? en_gguf_find_tensor(ss->gguf, t->gname) : NULL;
+        if (!t->gt) return 0;
+        t->file = en_gguf_name(ss->gguf);
+        t->name = t->gname;
+        t->n_dims = t->gt->n_dims;
+        t->shape[0] = t->gt->n_dims > 1 ? t->gt->dims[1] : t->gt->dims[0];
+        t->shape[1] = t->gt->n_dims > 1 ? t->gt->dims[0] : 0;
+        t->n_elem = t->gt->n_elem;
+        return t->gt->n_dims <= 2;
+    }
+    t->st = shards_find(ss, name, &t->file);
     static const char pre[] = "transformer.";
-    if (!t && strncmp(name, pre, sizeof pre - 1) == 0)
-        t = shards_find(ss, name + sizeof pre - 1, file);
-    return t;
+    if (!t->st && strncmp(name, pre, sizeof pre - 1) == 0)
+        t->st = shards_find(ss, name + sizeof pre - 1, &t->file);
+    if (!t->st) return 0;
+    t->name = t->st->name;
+    t->n_dims = t->st->n_dims;
+    t->shape[0] = t->st->shape[0];
+    t->shape[1] = t->st->n_dims > 1 ? t->st->shape[1] : 0;
+    t->n_elem = t->st->n_elem;
+    return 1;
+}
+
+/* The tensor as float32 into dst (n_elem); tmp: room for as many. */
+static en_status src_read(const en_model *m, const shard_set *ss, const src_tensor *t, float *dst,
+                          float *tmp, en_err *err) {
+    if (t->st) return en_st_to_f32(t->st, dst, err);
+    if (!t->perm) return en_gguf_tensor_to_f32(ss->gguf, t->gt, dst, err);
+    EN_TRY(en_gguf_tensor_to_f32(ss->gguf, t->gt, tmp, err));
+    int64_t heads = t->perm == 1 ? m->hp.n_head : m->hp.n_kv_head;
+    int64_t cols = t->shape[1] ? t->shape[1] : 1;
+    en_gguf_unpermute_rows(dst, tmp, heads, t->shape[0] / heads, cols);
+    return EN_OK;
 }
 
 /* The whole model's shape of a tensor this rank holds a shard of: its
@@ -175,10 +221,11 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
     int nd;
     int64_t want[2];
     file_shape(m, sp, &name, &nd, want);
-    const en_st_tensor *t = find_file_tensor(ss, name, &file);
-    if (!t)
+    src_tensor st, *t = &st;
+    if (!src_find(ss, name, t))
         return EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing from the checkpoint", dir,
-                      name);
+                      ss->gguf && st.gname[0] ? st.gname : name);
+    file = t->file;
     int shape_ok = t->n_dims == nd && t->shape[0] == want[0] && (nd == 1 || t->shape[1] == want[1]);
     if (!shape_ok) {
         char got[128] = "", exp[64];
@@ -191,12 +238,23 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
         else
             snprintf(exp, sizeof exp, "%lld, %lld", (long long)want[0], (long long)want[1]);
         return EN_ERR(err, EN_ERR_FORMAT,
-                      "%s: tensor '%s' has shape [%s] but config.json implies [%s]", file, name,
-                      got, exp);
+                      "%s: tensor '%s' has shape [%s] but config.json implies [%s]", file,
+                      t->name, got, exp);
     }
-    if (t->dtype != EN_DTYPE_F32 && t->dtype != EN_DTYPE_F16 && t->dtype != EN_DTYPE_BF16)
+    if (t->st && t->st->dtype != EN_DTYPE_F32 && t->st->dtype != EN_DTYPE_F16 &&
+        t->st->dtype != EN_DTYPE_BF16)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' has dtype %s (need F32, F16 or BF16)",
-                      file, name, en_dtype_name(t->dtype));
+                      file, name, en_dtype_name(t->st->dtype));
+    if (t->gt) { /* a type we cannot dequantise: said before anything is read */
+        float probe[256];
+        size_t blk = en_ggml_type_block(t->gt->type), bs = en_ggml_type_size(t->gt->type);
+        if (!blk || !bs || blk > 256 ||
+            en_ggml_to_f32(t->gt->type, t->gt->data, probe, (int64_t)blk) != EN_OK)
+            return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                          "%s: tensor '%s' has type %s, which cannot be loaded (F32, F16, BF16, "
+                          "Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
+                          file, t->name, en_ggml_type_name(t->gt->type));
+    }
     *n_elem = (size_t)t->n_elem;
     return EN_OK;
 }
@@ -230,13 +288,14 @@ static void tp_slice_rows_cols(const en_model *m, const en_param_spec *sp, const
  * holds 3 * cap floats. */
 static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp, float *staging,
                              size_t cap, en_err *err) {
-    const char *name, *file;
+    const char *name;
     int nd;
     int64_t fs[2], d0, d1;
     file_shape(m, sp, &name, &nd, fs);
     full_shape(m, sp, &d0, &d1);
-    const en_st_tensor *t = find_file_tensor(ss, name, &file);
-    EN_TRY(en_st_to_f32(t, staging, err));
+    src_tensor t;
+    src_find(ss, name, &t); /* checked by check_tensor */
+    EN_TRY(src_read(m, ss, &t, staging, staging + cap, err));
     float *whole = staging;
     if (sp->flags & EN_PARAM_TRANSPOSED) { /* (in, out) -> (out, in) */
         float *tr = staging + cap;
@@ -309,9 +368,18 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         goto fail;
     }
     m->be = params->backend;
-    s = en_file_read_all(cfg_path, &cfg_text, &cfg_len, err);
+    /* a Hugging Face directory, or a GGUF file whose metadata stands in for
+     * config.json (gguf_model.c) */
+    const int is_gguf = !en_path_is_dir(dir) && en_gguf_is_gguf_path(dir);
+    if (is_gguf) {
+        s = en_gguf_open(dir, &ss.gguf, err);
+        if (s == EN_OK) s = en_gguf_model_config(ss.gguf, &cfg_text, &cfg_len, err);
+    } else {
+        s = en_file_read_all(cfg_path, &cfg_text, &cfg_len, err);
+    }
     if (s != EN_OK) goto fail;
-    s = en_model_hparams_parse(cfg_text, cfg_len, cfg_path, &m->hp, err);
+    const char *where = is_gguf ? dir : cfg_path; /* what messages name */
+    s = en_model_hparams_parse(cfg_text, cfg_len, where, &m->hp, err);
     if (s != EN_OK) goto fail;
     m->config_text = cfg_text; /* kept: written out again with the weights */
     m->config_len = cfg_len;
@@ -329,13 +397,15 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         goto fail;
     }
     m->fam = en_family_find(m->hp.model_type);
-    s = en_tp_local_hparams(&m->hp, m->tp_size, cfg_path, &m->hl, &m->kv_rep, err);
+    s = en_tp_local_hparams(&m->hp, m->tp_size, where, &m->hl, &m->kv_rep, err);
     if (s != EN_OK) goto fail;
     m->comm = params->comm;
     s = en_model_layout(&m->hl, &m->specs, &m->n_specs, &m->n_params, &m->w, err);
     if (s != EN_OK) goto fail;
-    s = shards_open(dir, &ss, err);
-    if (s != EN_OK) goto fail;
+    if (!is_gguf) {
+        s = shards_open(dir, &ss, err);
+        if (s != EN_OK) goto fail;
+    }
 
     m->params = en_backend_alloc(m->be, m->n_params * sizeof(float));
     if (!m->params) {

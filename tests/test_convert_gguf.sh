@@ -110,14 +110,14 @@ expect_error() { # NAME PATTERN FILE
     if [ $rc -eq 1 ] && grep -q -- "$2" "$T/e.out"; then ok "$1: $(head -c 200 "$T/e.out")"
     else bad "$1 (rc $rc): $(cat "$T/e.out")"; fi
 }
-# a minimal GGUF v3: no tensors, one key general.architecture = "qwen3"
+# a minimal GGUF v3: no tensors, one key general.architecture = "gemma"
 {
     printf 'GGUF\x03\x00\x00\x00'
     printf '\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00'
     printf '\x14\x00\x00\x00\x00\x00\x00\x00general.architecture\x08\x00\x00\x00'
-    printf '\x05\x00\x00\x00\x00\x00\x00\x00qwen3'
-} >"$T/qwen3.gguf"
-expect_error "another architecture" "general.architecture 'qwen3' is not supported" "$T/qwen3.gguf"
+    printf '\x05\x00\x00\x00\x00\x00\x00\x00gemma'
+} >"$T/gemma.gguf"
+expect_error "another architecture" "general.architecture 'gemma' is not supported" "$T/gemma.gguf"
 head -c 3000000 "$G" >"$T/trunc.gguf"
 expect_error "truncated file" "trunc.gguf" "$T/trunc.gguf"
 expect_error "missing file" "nonexistent.gguf" "$T/nonexistent.gguf"
