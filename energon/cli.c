@@ -113,6 +113,14 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
         o->precision = v;
         return 1;
     }
+    if (en_cli_flag(argc, argv, i, "--dtype", &v, bad)) {
+        if (!*bad && en_weights_parse(v) < 0) {
+            en_cli_error(cmd, "--dtype: '%s' is not one of auto, f32, bf16, f16", v);
+            *bad = 1;
+        }
+        o->dtype = v;
+        return 1;
+    }
     if (en_cli_flag(argc, argv, i, "--tp", &v, bad)) {
         if (!*bad && !en_cli_int(cmd, "--tp", v, 1, 4096, &o->tp)) *bad = 1;
         return 1;
@@ -156,6 +164,7 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
     }
     en_model_params mp = en_model_params_default();
     mp.backend = out->be;
+    mp.weights = en_weights_parse(o->dtype ? o->dtype : "auto");
     if (en_comm_launched_by_mpi()) {
         /* Under mpirun: one tensor-parallel group of all the ranks. */
         en_comm_config cc = en_comm_config_default();

@@ -53,6 +53,9 @@ typedef struct en_cli_load_opts {
     int need_tokenizer;
     const char *adapter; /* --adapter: a run directory or PEFT adapter directory */
     int tp;              /* --tp: tensor-parallel size under mpirun (0/1 = none) */
+    /* --dtype: "auto" (default: the checkpoint's width), "f32", "bf16", "f16"
+     * (en_model_params.weights); NULL = auto */
+    const char *dtype;
 } en_cli_load_opts;
 
 /* Load; prints the error and returns EN_EXIT_ERROR on failure. */
@@ -60,7 +63,7 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out);
 void en_cli_unload(en_cli_model *cm);
 
 /* Common flags of model commands (--model, --adapter, --device,
- * --precision, --threads, --tp). Returns 1 when argv[*i] was one of them.
+ * --precision, --dtype, --threads, --tp). Returns 1 when argv[*i] was one of them.
  * en_cli_load rejects --precision tf32 or bf16 without --device cuda
  * (EN_EXIT_USAGE). */
 int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,

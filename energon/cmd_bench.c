@@ -36,6 +36,7 @@ static void usage(FILE *f) {
                "                 step over a paged KV cache (default 1: one context)\n"
                "  --repeats R    measurements; the median is reported (default 5)\n"
                "  --threads N    CPU threads\n"
+               "  --dtype D      auto | f32 | bf16 | f16: weight matrices in memory\n"
                "  --json         one JSON object per line\n");
 }
 
@@ -241,6 +242,17 @@ done:
     return rc;
 }
 
+/* VmRSS of this process in MB (0 where /proc is missing). */
+static double resident_mb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb / 1024.0;
+}
+
 int en_cmd_bench(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
@@ -292,6 +304,7 @@ int en_cmd_bench(int argc, char **argv) {
     en_cli_model cm;
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) return rc;
+    const double rss_mb = resident_mb(); /* after loading: the weights' footprint */
     if (is_train) {
         rc = bench_train(CMD, &cm, batch, seq_len, repeats, lora_rank, recompute, json_out);
         en_cli_unload(&cm);
@@ -346,15 +359,18 @@ int en_cmd_bench(int argc, char **argv) {
     double tps = tokens / med;
     double bytes = (double)en_model_param_bytes(cm.model);
     /* Forward FLOPs per token ~ 2 * parameters (matmuls), ignoring attention. */
-    double gflops = 2.0 * (bytes / 4.0) * tps / 1e9;
+    double gflops = 2.0 * (double)en_model_n_params(hp) * tps / 1e9;
+    const char *wn = en_model_weights_name(cm.model);
     if (json_out) {
         printf("{\"bench\":\"%s\",\"tokens\":%d,\"repeats\":%d,\"threads\":%d,\"tok_per_s\":%.3f,"
-               "\"weight_gb_per_s\":%.3f,\"gflop_per_s\":%.3f,\"param_bytes\":%.0f}\n",
+               "\"weight_gb_per_s\":%.3f,\"gflop_per_s\":%.3f,\"param_bytes\":%.0f,"
+               "\"weights\":\"%s\",\"rss_after_load_mb\":%.1f}\n",
                mode, tokens, repeats, en_backend_n_threads(cm.be), tps,
-               is_decode ? bytes * tps / 1e9 : 0.0, gflops, bytes);
+               is_decode ? bytes * tps / 1e9 : 0.0, gflops, bytes, wn, rss_mb);
     } else {
-        printf("bench %s: %d tokens, median of %d, %d threads, %.1f MB of weights\n", mode,
-               tokens, repeats, en_backend_n_threads(cm.be), bytes / 1e6);
+        printf("bench %s: %d tokens, median of %d, %d threads, %.1f MB of %s weights, "
+               "%.1f MB resident after loading\n",
+               mode, tokens, repeats, en_backend_n_threads(cm.be), bytes / 1e6, wn, rss_mb);
         printf("  tokens/s: %.2f\n", tps);
         if (is_decode) printf("  weights read: %.2f GB/s\n", bytes * tps / 1e9);
         printf("  matmul GFLOP/s: %.2f\n", gflops);

@@ -53,6 +53,8 @@ static void usage(FILE *f) {
             "                       (default: the model's own template, else plain)\n"
             "  --threads N          with --model DIR: CPU threads\n"
             "  --device cpu|cuda    with --model DIR: compute device (default cpu)\n"
+            "  --dtype D            with --model DIR: auto | f32 | bf16 | f16: width of the\n"
+            "                       weight matrices in memory (default auto: as stored)\n"
             "  --precision P        with --model DIR: fp32 | tf32 | bf16 (default bf16 on\n"
             "                       cuda; the CPU has fp32 only)\n"
             "  --system TEXT        system message\n"

@@ -19,12 +19,16 @@
 #define CMD "eval"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: energon eval --model DIR --data FILE [--ctx N] [--json] [--threads N]\n"
+    fprintf(f, "usage: energon eval --model DIR|FILE.gguf --data FILE [--adapter DIR] [--ctx N]\n"
+               "                   [--dtype D] [--json] [--threads N]\n"
                "\n"
-               "Score FILE (UTF-8 text; .gz is decompressed) with the model in DIR and print\n"
-               "the token count, mean negative log-likelihood per token (nats) and perplexity.\n"
-               "  --ctx N     window length in tokens (default: model maximum, <= 4096)\n"
-               "  --json      print {\"tokens\":N,\"nll\":X,\"ppl\":Y}\n");
+               "Score FILE (UTF-8 text; .gz is decompressed) with the model and print the\n"
+               "token count, mean negative log-likelihood per token (nats) and perplexity.\n"
+               "  --adapter DIR  a LoRA adapter (a fine-tuning run or PEFT directory)\n"
+               "  --ctx N        window length in tokens (default: model maximum, <= 4096)\n"
+               "  --dtype D      auto | f32 | bf16 | f16: width of the weight matrices in\n"
+               "                 memory (default auto: as the checkpoint stores them)\n"
+               "  --json         print {\"tokens\":N,\"nll\":X,\"ppl\":Y}\n");
 }
 
 int en_cmd_eval(int argc, char **argv) {

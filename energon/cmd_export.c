@@ -46,6 +46,7 @@ int en_cmd_export(int argc, char **argv) {
         return EN_EXIT_USAGE;
     }
     en_cli_model cm;
+    lo.dtype = "f32"; /* merging adds B A into float32 weights */
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) return rc;
     en_err err = {0};

@@ -45,6 +45,8 @@ static void usage(FILE *f) {
             "                      finish_reason} instead of streaming\n"
             "  --threads N         CPU threads\n"
             "  --device cpu|cuda   compute device (default cpu)\n"
+            "  --dtype D           auto | f32 | bf16 | f16: width of the weight matrices\n"
+            "                      in memory (default auto: as the checkpoint stores them)\n"
             "  --precision P       fp32 | tf32 | bf16: matmul arithmetic (default bf16 on\n"
             "                      cuda; the CPU has fp32 only)\n",
             MAX_STOPS);

@@ -26,6 +26,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: energon init --config FILE.json --tokenizer TOK --out DIR [--seed S]\n"
+               "                   [--dtype f32|bf16|f16]\n"
                "\n"
                "FILE.json is a Hugging Face config (model_type llama, mistral or qwen2, sizes);\n"
                "vocab_size may be left out to take the tokenizer's size. TOK is a SentencePiece\n"
@@ -62,6 +63,7 @@ static en_status write_tokenizer(const char *tok_path, const en_tokenizer *tok, 
 int en_cmd_init(int argc, char **argv) {
     const char *cfg_path = NULL, *tok_path = NULL, *out = NULL;
     uint64_t seed = 1;
+    en_dtype dtype = EN_DTYPE_F32; /* --dtype: how model.safetensors stores the weights */
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
@@ -74,6 +76,14 @@ int en_cmd_init(int argc, char **argv) {
             tok_path = v;
         } else if (en_cli_flag(argc, argv, &i, "--out", &v, &bad)) {
             out = v;
+        } else if (en_cli_flag(argc, argv, &i, "--dtype", &v, &bad)) {
+            if (!bad && strcmp(v, "f32") == 0) dtype = EN_DTYPE_F32;
+            else if (!bad && strcmp(v, "bf16") == 0) dtype = EN_DTYPE_BF16;
+            else if (!bad && strcmp(v, "f16") == 0) dtype = EN_DTYPE_F16;
+            else if (!bad) {
+                en_cli_error(CMD, "--dtype: '%s' is not one of f32, bf16, f16", v);
+                bad = 1;
+            }
         } else if (en_cli_flag(argc, argv, &i, "--seed", &v, &bad)) {
             if (!bad && !en_cli_u64(CMD, "--seed", v, &seed)) bad = 1;
         } else {
@@ -208,7 +218,7 @@ int en_cmd_init(int argc, char **argv) {
     }
     char *st = NULL;
     if (en_mkdir_p(out, &err) || !(st = en_path_join(out, "model.safetensors")) ||
-        en_st_write(st, items, n_items, EN_DTYPE_F32, &err) || en_hf_write_config(&hp, out, &err) ||
+        en_st_write(st, items, n_items, dtype, &err) || en_hf_write_config(&hp, out, &err) ||
         write_tokenizer(tok_path, tok, out, &err)) {
         en_cli_error(CMD, "%s", err.msg[0] ? err.msg : "out of memory");
         en_free(st);

@@ -797,6 +797,9 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     mp.comm = r->comm;
     mp.tp_size = r->tp;
     mp.tp_rank = r->tp_rank;
+    /* LoRA keeps the frozen base at its stored width (bf16 checkpoints at
+     * half the memory); full fine-tuning trains float32 weights */
+    mp.weights = cfg->lora_rank > 0 ? EN_WEIGHTS_AUTO : EN_WEIGHTS_F32;
     if ((s = en_model_load(cfg->model_dir, &mp, &r->model, err)) != EN_OK) goto fail;
     const en_model_hparams *hp = en_model_get_hparams(r->model);
     if (en_tokenizer_n_vocab(r->tok) > hp->n_vocab) {

@@ -20,10 +20,19 @@ int en_embed_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *id
     return outside;
 }
 
+/* rows ids of a table held at the model's width */
+static void rows_of(const en_model *m, float *y, const float *table, const int32_t *ids, int n) {
+    if (m->wtype)
+        en_op_embedding_w16(m->be, y, (const uint16_t *)(const void *)table, m->wtype, ids, n,
+                            m->hp.n_embd);
+    else
+        en_op_embedding(m->be, y, table, ids, n, m->hp.n_embd);
+}
+
 static void lookup(const en_model *m, float *x, const int32_t *ids, int n, int32_t *ids_local) {
     const int C = m->hp.n_embd;
     if (m->tp_size == 1) {
-        en_op_embedding(m->be, x, m->w.tok_embd, ids, n, C);
+        rows_of(m, x, m->w.tok_embd, ids, n);
         return;
     }
     /* this rank holds rows [v0, v0 + V/tp); other tokens get zero rows here
@@ -32,7 +41,7 @@ static void lookup(const en_model *m, float *x, const int32_t *ids, int n, int32
     en_embed_local_ids(m, ids, n, ids_local);
     for (int t = 0; t < n; t++)
         if (ids_local[t] < 0) ids_local[t] = 0; /* looked up, then zeroed */
-    en_op_embedding(m->be, x, m->w.tok_embd, ids_local, n, C);
+    rows_of(m, x, m->w.tok_embd, ids_local, n);
     en_embed_local_ids(m, ids, n, ids_local);
     for (int t = 0; t < n; t++)
         if (ids_local[t] < 0) memset(x + (size_t)t * C, 0, (size_t)C * sizeof(float));
@@ -71,7 +80,7 @@ void en_embed_pos_fwd(const en_model *m, float *x, const int32_t *pos, int n, fl
     /* the rows of the position table, added like a second embedding; the
      * table is whole on every rank */
     const int C = m->hp.n_embd;
-    en_op_embedding(m->be, scratch, m->w.pos_embd, pos, n, C);
+    rows_of(m, scratch, m->w.pos_embd, pos, n);
     en_op_add(m->be, x, x, scratch, (size_t)n * C);
 }
 

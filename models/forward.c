@@ -33,7 +33,7 @@ void en_out_norm_bwd(const en_model *m, float *dx, float *dw, float *db, const f
 }
 
 void en_logits_fwd(const en_model *m, float *logits, const float *xn, int nr, int V) {
-    en_op_matmul(m->be, logits, xn, m->w.lm_head, NULL, nr, V, m->hp.n_embd);
+    en_base_matmul(m, logits, xn, m->w.lm_head, NULL, nr, V, m->hp.n_embd);
     if (m->hp.final_softcap) /* Gemma 2: cap * tanh(logit / cap) */
         en_op_softcap(m->be, logits, logits, m->hp.final_softcap, (size_t)nr * V);
 }

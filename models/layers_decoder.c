@@ -109,9 +109,9 @@ static void attention_fwd(const en_model *m, int l, int n, int n_seq, const int3
     /* with q/k norms, training keeps their inputs (q_raw, k_raw) */
     float *q_lin = hp->qk_norm && a->q_raw ? a->q_raw : a->q;
     float *k_lin = hp->qk_norm && a->k_raw ? a->k_raw : k_new;
-    en_linear_fwd(be, q_lin, xin, w->wq, w->bq, LP(l, 0), s, a->lora_u, a->tmp, n, QD, C);
-    en_linear_fwd(be, k_lin, xin, w->wk, w->bk, LP(l, 1), s, a->lora_u, a->tmp, n, KVD, C);
-    en_linear_fwd(be, v_new, xin, w->wv, w->bv, LP(l, 2), s, a->lora_u, a->tmp, n, KVD, C);
+    en_linear_fwd(m, q_lin, xin, w->wq, w->bq, LP(l, 0), s, a->lora_u, a->tmp, n, QD, C);
+    en_linear_fwd(m, k_lin, xin, w->wk, w->bk, LP(l, 1), s, a->lora_u, a->tmp, n, KVD, C);
+    en_linear_fwd(m, v_new, xin, w->wv, w->bv, LP(l, 2), s, a->lora_u, a->tmp, n, KVD, C);
     if (hp->qk_norm) { /* RMSNorm over each head's D values */
         en_op_rmsnorm(be, a->q, q_lin, en_norm_weight(m, w->q_norm, D), hp->norm_eps, n * H, D);
         en_op_rmsnorm(be, k_new, k_lin, en_norm_weight(m, w->k_norm, D), hp->norm_eps, n * Hkv,
@@ -156,11 +156,11 @@ static void mlp_fwd(const en_model *m, int l, int n, const en_layer_acts *a, con
     const int C = hp->n_embd, F = hp->n_ff;
     const en_lora *lo = m->lora;
     const float s = lo ? en_lora_scale(lo) : 0.0f;
-    en_linear_fwd(be, a->up, xin, w->w_up, w->b_up, LP(l, 5), s, a->lora_u, a->tmp, n, F, C);
+    en_linear_fwd(m, a->up, xin, w->w_up, w->b_up, LP(l, 5), s, a->lora_u, a->tmp, n, F, C);
     if (!w->w_gate) { /* GPT-2: h = gelu(up) */
         en_op_gelu(be, a->h, a->up, (size_t)n * F);
     } else {
-        en_linear_fwd(be, a->gate, xin, w->w_gate, w->b_gate, LP(l, 4), s, a->lora_u, a->tmp, n,
+        en_linear_fwd(m, a->gate, xin, w->w_gate, w->b_gate, LP(l, 4), s, a->lora_u, a->tmp, n,
                       F, C);
         if (hp->act == EN_ACT_GELU_TANH)
             en_op_geglu(be, a->h, a->gate, a->up, (size_t)n * F);

@@ -11,9 +11,18 @@
  */
 #include "model_impl.h"
 
-void en_linear_fwd(en_backend *be, float *y, const float *x, const float *w, const float *b,
+void en_base_matmul(const en_model *m, float *y, const float *x, const float *w, const float *b,
+                    int M, int N, int K) {
+    if (m->wtype)
+        en_op_matmul_w16(m->be, y, x, (const uint16_t *)(const void *)w, m->wtype, b, M, N, K);
+    else
+        en_op_matmul(m->be, y, x, w, b, M, N, K);
+}
+
+void en_linear_fwd(const en_model *m, float *y, const float *x, const float *w, const float *b,
                    const en_lora_pair *lp, float s, float *u, float *tmp, int M, int N, int K) {
-    en_op_matmul(be, y, x, w, b, M, N, K);
+    en_backend *be = m->be;
+    en_base_matmul(m, y, x, w, b, M, N, K);
     if (!lp) return;
     /* y += s * (x A^T) B^T, with the scale applied to the (M, r) factor */
     en_op_matmul(be, u, x, lp->A, NULL, M, lp->rank, K);
@@ -30,13 +39,13 @@ void en_linear_row_fwd(const en_model *m, float *y, const float *x, const float 
                        int M, int N, int K) {
     en_backend *be = m->be;
     if (m->tp_size == 1) {
-        en_linear_fwd(be, y, x, w, b, lp, s, u, tmp, M, N, K);
+        en_linear_fwd(m, y, x, w, b, lp, s, u, tmp, M, N, K);
         return;
     }
     /* the bias is whole on every rank and added once, by rank 0 (every rank
      * computes the same gradient for it: dy is whole) */
     if (m->tp_rank != 0) b = NULL;
-    en_op_matmul(be, y, x, w, b, M, N, K);
+    en_base_matmul(m, y, x, w, b, M, N, K);
     if (!lp) return;
     en_op_matmul(be, u, x, lp->A, NULL, M, lp->rank, K);
     en_model_tp_allreduce(m, u, (size_t)M * lp->rank);
@@ -61,7 +70,10 @@ void en_linear_bwd(en_grad_ctx *g, float *dx, float *dW, float *db, const float 
                    int row_parallel) {
     en_backend *be = g->be;
     const en_model *m = g->m;
-    en_op_matmul_bwd(be, dx, dW, db, dy, x, W, M, N, K);
+    if (m->wtype) /* a frozen 16-bit base: only the input gradient */
+        en_op_matmul_w16_bwd_x(be, dx, dy, (const uint16_t *)(const void *)W, m->wtype, M, N, K);
+    else
+        en_op_matmul_bwd(be, dx, dW, db, dy, x, W, M, N, K);
     if (!lp) return;
     const float s = en_lora_scale(g->lora);
     const int r = lp->rank;

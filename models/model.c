@@ -163,7 +163,8 @@ static int src_find(const shard_set *ss, const char *name, src_tensor *t) {
         t->shape[0] = t->gt->n_dims > 1 ? t->gt->dims[1] : t->gt->dims[0];
         t->shape[1] = t->gt->n_dims > 1 ? t->gt->dims[0] : 0;
         t->n_elem = t->gt->n_elem;
-        return t->gt->n_dims <= 2;
+        if (t->gt->n_dims > 2) t->n_dims = t->gt->n_dims; /* found; the shape check refuses it */
+        return 1;
     }
     t->st = shards_find(ss, name, &t->file);
     static const char pre[] = "transformer.";
@@ -238,8 +239,9 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
         else
             snprintf(exp, sizeof exp, "%lld, %lld", (long long)want[0], (long long)want[1]);
         return EN_ERR(err, EN_ERR_FORMAT,
-                      "%s: tensor '%s' has shape [%s] but config.json implies [%s]", file,
-                      t->name, got, exp);
+                      "%s: tensor '%s' has shape [%s]%s but %s implies [%s]", file, t->name, got,
+                      ss->gguf ? " (rows, columns)" : "", ss->gguf ? "the metadata" : "config.json",
+                      exp);
     }
     if (t->st && t->st->dtype != EN_DTYPE_F32 && t->st->dtype != EN_DTYPE_F16 &&
         t->st->dtype != EN_DTYPE_BF16)
@@ -306,15 +308,73 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     if (sp->src[0]) whole += (size_t)sp->src_row0 * (size_t)(d1 ? d1 : 1);
     float *dst = staging + 2 * cap;
     tp_slice_rows_cols(m, sp, whole, d0, d1, dst);
+    if (sp->w16) { /* narrowed on the host, uploaded at 16 bits (staging's first part is free) */
+        uint16_t *h16 = (uint16_t *)staging;
+        en_f32_to_w16(h16, dst, sp->n_elem, m->wtype);
+        uint16_t *p16 = m->params16 + sp->offset;
+        en_backend_upload(m->be, p16, h16, sp->n_elem * sizeof(uint16_t));
+        if (sp->slot) *sp->slot = (float *)(void *)p16; /* read through the _w16 ops */
+        return EN_OK;
+    }
     en_backend_upload(m->be, m->params + sp->offset, dst, sp->n_elem * sizeof(float));
     if (sp->slot) *sp->slot = m->params + sp->offset;
     return EN_OK;
 }
 
+/* The 16-bit type the matrices are held at (0: float32): the request, or
+ * for AUTO the checkpoint's own width when every matrix has it. */
+static int choose_wtype(const en_model *m, const shard_set *ss, int want) {
+    if (want == EN_WEIGHTS_BF16) return EN_WTYPE_BF16;
+    if (want == EN_WEIGHTS_F16) return EN_WTYPE_F16;
+    if (want != EN_WEIGHTS_AUTO) return 0;
+    int bf16 = 1, f16 = 1, any = 0;
+    for (int i = 0; i < m->n_specs; i++) {
+        const en_param_spec *sp = &m->specs[i];
+        const char *name;
+        int nd;
+        int64_t fs[2];
+        src_tensor t;
+        if (sp->n_dims != 2) continue;
+        file_shape(m, sp, &name, &nd, fs);
+        if (!src_find(ss, name, &t)) return 0; /* check_tensor will say */
+        int is_bf16 = t.st ? t.st->dtype == EN_DTYPE_BF16 : t.gt->type == EN_GGML_TYPE_BF16;
+        int is_f16 = t.st ? t.st->dtype == EN_DTYPE_F16 : t.gt->type == EN_GGML_TYPE_F16;
+        bf16 &= is_bf16;
+        f16 &= is_f16;
+        any = 1;
+    }
+    return !any ? 0 : bf16 ? EN_WTYPE_BF16 : f16 ? EN_WTYPE_F16 : 0;
+}
+
+/* Offsets of the float32 tensors in params and the 16-bit ones in
+ * params16 (matrices, when the model holds them at 16 bits). */
+static void place_tensors(en_model *m) {
+    size_t off = 0, off16 = 0;
+    for (int i = 0; i < m->n_specs; i++) {
+        en_param_spec *sp = &m->specs[i];
+        sp->w16 = m->wtype && sp->n_dims == 2;
+        /* keep every tensor 64-byte aligned for vector loads */
+        if (sp->w16) {
+            sp->offset = off16;
+            off16 += (sp->n_elem + 31) & ~(size_t)31;
+        } else {
+            sp->offset = off;
+            off += (sp->n_elem + 15) & ~(size_t)15;
+        }
+    }
+    m->n_params = off;
+    m->n_params16 = off16;
+}
+
 /* Every tensor of the layout from the checkpoint into m->params (sliced
  * for this rank): all checked first, so a wrong checkpoint fails before
  * anything is written and names the tensor. */
-static en_status read_weights(en_model *m, const shard_set *ss, const char *where, en_err *err) {
+/* Every tensor of the layout checked against the checkpoint (presence,
+ * shape, type) before anything is allocated or written, so a wrong or
+ * lying checkpoint fails fast, names the tensor and never makes us
+ * allocate what its header claims; *max_elem: the largest file tensor. */
+static en_status check_weights(en_model *m, const shard_set *ss, const char *where,
+                               size_t *max_elem, en_err *err) {
     /* fused blocks: where each starts in its checkpoint tensor */
     int64_t *rows0 = en_malloc((size_t)m->n_specs * sizeof(int64_t));
     if (!rows0) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
@@ -324,12 +384,19 @@ static en_status read_weights(en_model *m, const shard_set *ss, const char *wher
     }
     en_model_fuse_offsets(m->specs, m->n_specs, rows0);
     en_free(rows0);
-    size_t max_elem = 0;
+    *max_elem = 0;
     for (int i = 0; i < m->n_specs; i++) {
         size_t ne = 0;
         EN_TRY(check_tensor(m, ss, &m->specs[i], where, &ne, err));
-        if (ne > max_elem) max_elem = ne;
+        if (ne > *max_elem) *max_elem = ne;
     }
+    return EN_OK;
+}
+
+/* Every tensor (checked by check_weights) into the parameters, sliced for
+ * this rank. */
+static en_status read_weights(en_model *m, const shard_set *ss, const char *where,
+                              size_t max_elem, en_err *err) {
     /* room for a whole file tensor, its transpose and this rank's slice */
     float *staging = en_malloc(3 * (max_elem ? max_elem : 1) * sizeof(float));
     if (!staging) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", where);
@@ -345,10 +412,12 @@ en_status en_model_load_weights(en_model *m, const char *path, en_err *err) {
     ss.files = en_calloc(1, sizeof(en_st_file));
     if (!ss.files) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     en_status s = en_st_open(path, &ss.files[0], err);
+    size_t max_elem = 0;
     if (s == EN_OK) {
         ss.n = 1;
-        s = read_weights(m, &ss, path, err);
+        s = check_weights(m, &ss, path, &max_elem, err);
     }
+    if (s == EN_OK) s = read_weights(m, &ss, path, max_elem, err);
     shards_close(&ss);
     return s;
 }
@@ -406,13 +475,20 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         s = shards_open(dir, &ss, err);
         if (s != EN_OK) goto fail;
     }
-
-    m->params = en_backend_alloc(m->be, m->n_params * sizeof(float));
-    if (!m->params) {
-        s = EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
+    size_t max_elem = 0;
+    s = check_weights(m, &ss, dir, &max_elem, err);
+    if (s != EN_OK) goto fail;
+    m->wtype = choose_wtype(m, &ss, params->weights);
+    place_tensors(m);
+    m->params = en_backend_alloc(m->be, (m->n_params ? m->n_params : 1) * sizeof(float));
+    if (m->n_params16)
+        m->params16 = en_backend_alloc(m->be, m->n_params16 * sizeof(uint16_t));
+    if (!m->params || (m->n_params16 && !m->params16)) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory for %zu parameters", dir,
+                   m->n_params + m->n_params16);
         goto fail;
     }
-    s = read_weights(m, &ss, dir, err);
+    s = read_weights(m, &ss, dir, max_elem, err);
     if (s != EN_OK) goto fail;
     if (m->hp.tie_embeddings) m->w.lm_head = m->w.tok_embd;
     s = en_rope_init(m, err);
@@ -448,6 +524,7 @@ void en_model_destroy(en_model *m) {
     if (!m) return;
     en_rope_destroy(m);
     en_free(m->config_text);
+    if (m->params16) en_backend_free(m->be, m->params16);
     en_backend_free(m->be, m->ones);
     en_backend_free(m->be, m->norm_w);
     if (m->params) en_backend_free(m->be, m->params);
@@ -462,17 +539,30 @@ const en_model_hparams *en_model_get_local_hparams(const en_model *m) { return &
 
 size_t en_model_param_bytes(const en_model *m) {
     size_t n = 0;
-    for (int i = 0; i < m->n_specs; i++) n += m->specs[i].n_elem;
-    return n * sizeof(float);
+    for (int i = 0; i < m->n_specs; i++)
+        n += m->specs[i].n_elem * (m->specs[i].w16 ? sizeof(uint16_t) : sizeof(float));
+    return n;
 }
 
 float *en_model_param(en_model *m, const char *name, size_t *n_elem) {
     for (int i = 0; i < m->n_specs; i++)
         if (strcmp(m->specs[i].name, name) == 0) {
+            if (m->specs[i].w16) return NULL;
             if (n_elem) *n_elem = m->specs[i].n_elem;
             return m->params + m->specs[i].offset;
         }
     return NULL;
+}
+
+int en_weights_parse(const char *s) {
+    static const char *const names[] = {"f32", "bf16", "f16", "auto"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    return -1;
+}
+
+const char *en_model_weights_name(const en_model *m) {
+    return m->wtype == EN_WTYPE_BF16 ? "bf16" : m->wtype == EN_WTYPE_F16 ? "f16" : "f32";
 }
 
 int en_model_file_items(const en_param_spec *specs, int n, const float *host,
@@ -539,17 +629,42 @@ int en_model_file_items(const en_param_spec *specs, int n, const float *host,
 }
 
 en_status en_model_save_safetensors(const en_model *m, const char *path, en_err *err) {
-    float *host = en_malloc(m->n_params * sizeof(float));
-    if (!host) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-    en_backend_download(m->be, host, m->params, m->n_params * sizeof(float));
+    /* one float32 host copy of every tensor, in a layout without 16-bit
+     * parts (offsets counted anew) */
+    en_param_spec *specs = en_malloc((size_t)m->n_specs * sizeof *specs);
+    size_t total = 0;
+    for (int i = 0; specs && i < m->n_specs; i++) {
+        specs[i] = m->specs[i];
+        specs[i].offset = total;
+        total += m->specs[i].n_elem;
+    }
+    float *host = specs ? en_malloc((total ? total : 1) * sizeof(float)) : NULL;
+    uint16_t *h16 = m->n_params16 ? en_malloc(m->n_params16 * sizeof(uint16_t)) : NULL;
+    if (!host || (m->n_params16 && !h16)) {
+        en_free(specs);
+        en_free(host);
+        en_free(h16);
+        return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    }
+    if (h16) en_backend_download(m->be, h16, m->params16, m->n_params16 * sizeof(uint16_t));
+    for (int i = 0; i < m->n_specs; i++) {
+        const en_param_spec *sp = &m->specs[i];
+        if (sp->w16)
+            en_w16_to_f32(host + specs[i].offset, h16 + sp->offset, sp->n_elem, m->wtype);
+        else
+            en_backend_download(m->be, host + specs[i].offset, m->params + sp->offset,
+                                sp->n_elem * sizeof(float));
+    }
+    en_free(h16);
     en_st_writer_item *items;
     float *scratch;
-    int n = en_model_file_items(m->specs, m->n_specs, host, &items, &scratch);
+    int n = en_model_file_items(specs, m->n_specs, host, &items, &scratch);
     en_status s = n < 0 ? EN_ERR(err, EN_ERR_NOMEM, "out of memory")
                         : en_st_write(path, items, n, EN_DTYPE_F32, err);
     en_free(items);
     en_free(scratch);
     en_free(host);
+    en_free(specs);
     return s;
 }
 

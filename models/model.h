@@ -125,7 +125,21 @@ typedef struct en_model_params {
     /* The communicator whose TP group holds the tp_size ranks (borrowed;
      * must outlive the model). Needed for the forward when tp_size > 1. */
     en_comm *comm;
+    /* Width of the weight matrices in memory (EN_WEIGHTS_*): float32 (the
+     * default), bfloat16 or float16 (widened to float32 inside the kernels;
+     * half the memory and, at batch 1, half the bytes read per token), or
+     * AUTO: the checkpoint's own width (16-bit when every matrix is stored
+     * BF16, or every one F16; float32 otherwise, e.g. quantised GGUF).
+     * Norms and biases stay float32. A 16-bit model cannot be trained in
+     * full (its weights have no float32 master copy) nor merged into; LoRA
+     * over it trains the adapter in float32. */
+    int weights;
 } en_model_params;
+enum { EN_WEIGHTS_F32 = 0, EN_WEIGHTS_BF16 = 1, EN_WEIGHTS_F16 = 2, EN_WEIGHTS_AUTO = 3 };
+/* "f32", "bf16", "f16", "auto" -> EN_WEIGHTS_*, or -1. */
+int en_weights_parse(const char *s);
+/* The width the model holds its matrices at: "f32", "bf16" or "f16". */
+const char *en_model_weights_name(const en_model *m);
 en_model_params en_model_params_default(void);
 
 /* Load a Hugging Face model directory: config.json plus model.safetensors or
@@ -159,10 +173,11 @@ int en_model_kv_rep(const en_model *m);
 /* 1 for the embedding and output matrices (vocab-parallel, padded to a
  * multiple of tp: rows past vocab_size are zero and masked). */
 int en_model_is_vocab_tensor(const en_model *m, const char *name);
-size_t en_model_param_bytes(const en_model *m); /* bytes of weights read per token */
+size_t en_model_param_bytes(const en_model *m); /* bytes of weights held (read per token) */
 
 /* Borrowed pointer to a named parameter (Hugging Face name) and its element
- * count, or NULL. For tests and exporters. */
+ * count, or NULL (also for a matrix held at 16 bits). For tests and
+ * exporters. */
 float *en_model_param(en_model *m, const char *name, size_t *n_elem);
 
 /* Write every weight (float32, Hugging Face names and shapes, fused and

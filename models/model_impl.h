@@ -70,6 +70,8 @@ typedef struct en_param_spec {
     float **slot;
     int split;      /* EN_SPLIT_* */
     unsigned flags; /* EN_PARAM_* */
+    int w16;        /* held at 16 bits (the model's wtype): offset counts uint16
+                       elements of params16 instead of floats of params */
     /* A block of a fused checkpoint tensor (src[0] != 0): its rows start at
      * row src_row0 of the file tensor named src, which has src_rows rows
      * (in the model's orientation) in all; whole-model counts, set by
@@ -89,8 +91,14 @@ struct en_model {
     int kv_rep;    /* ranks sharing each kv head (1: kv heads split) */
     en_comm *comm; /* borrowed; its TP group, when tp_size > 1 */
     en_backend *be;
-    float *params; /* one allocation: every weight */
+    float *params; /* one allocation: every float32 weight */
     size_t n_params;
+    /* 16-bit matrices (wtype EN_WTYPE_BF16 / F16, else 0 and NULL): the
+     * en_weights pointers of those tensors point into params16 and are
+     * read through the _w16 ops (linear.c, embed.c, forward.c). */
+    int wtype;
+    uint16_t *params16;
+    size_t n_params16;
     en_param_spec *specs;
     int n_specs;
     en_weights w;
@@ -205,9 +213,13 @@ typedef struct en_grad_ctx {
 
 /* ---- linear.c: linear layers with their LoRA path, forward and backward ---- */
 
+/* y(M,N) = x w^T + b for a base weight of m, at the width m holds its
+ * matrices (float32, or 16-bit through en_op_matmul_w16). */
+void en_base_matmul(const en_model *m, float *y, const float *x, const float *w, const float *b,
+                    int M, int N, int K);
 /* y(M,N) = x W^T + b (+ s (x A^T) B^T when lp is not NULL). u (M, r) and
  * tmp (M, N) are scratch. */
-void en_linear_fwd(en_backend *be, float *y, const float *x, const float *w, const float *b,
+void en_linear_fwd(const en_model *m, float *y, const float *x, const float *w, const float *b,
                    const en_lora_pair *lp, float s, float *u, float *tmp, int M, int N, int K);
 /* A row-parallel linear (o, down) under tensor parallelism: y is this
  * rank's partial sum (the caller reduces it); the adapter's low-rank

@@ -77,6 +77,11 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
                       "tp %d",
                       cfg->batch, cfg->seq_len, m->tp_size);
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "batch must be >= 1");
+    if (m->wtype && !m->lora)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "full fine-tuning needs float32 weights (this model holds its matrices at "
+                      "%s): load it with --dtype f32, or train a LoRA adapter",
+                      en_model_weights_name(m));
     if (m->tp_size > 1 && m->lora && (hp->fused_qkv || hp->fused_gate_up))
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "LoRA on %s's fused modules (qkv_proj, gate_up_proj) under tensor "
@@ -444,8 +449,13 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         }
         if (!backward) continue;
         if (cap) en_op_softcap_bwd(be, t->logits, t->logits, t->capped, cap, (size_t)rows * V);
-        en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf, m->w.lm_head, rows,
-                         V, C);
+        if (m->wtype) /* a frozen 16-bit output matrix (LoRA) */
+            en_op_matmul_w16_bwd_x(be, t->dxf + (size_t)r0 * C, t->logits,
+                                   (const uint16_t *)(const void *)m->w.lm_head, m->wtype, rows, V,
+                                   C);
+        else
+            en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf,
+                             m->w.lm_head, rows, V, C);
     }
     *nll_sum = sum;
     *n_tokens = count;

@@ -47,17 +47,22 @@
 typedef struct model_case {
     const char *name, *file;
     int whole;
+    int weights; /* en_model_params.weights: EN_WEIGHTS_AUTO keeps BF16/F16 at 16 bits */
 } model_case;
 static const model_case k_models[] = {
-    {"llama_mha", "logits.bin", 0},       {"llama_gqa_tied", "logits.bin", 0},
-    {"mistral", "logits.bin", 0},         {"qwen2", "logits.bin", 0},
-    {"llama_bf16", "logits.bin", 0},      {"llama_f16", "logits.bin", 0},
-    {"llama_sharded", "logits.bin", 0},   {"llama3_rope", "logits.bin", 0},
-    {"llama_linear_hd", "logits.bin", 0}, {"llama_dynamic", "logits.bin", 1},
-    {"llama_yarn", "logits.bin", 0},      {"qwen2_swa", "logits.bin", 0},
-    {"qwen3", "logits.bin", 0},           {"gemma2", "logits.bin", 0},
-    {"gemma3", "logits.bin", 0},          {"phi3", "logits_short.bin", 0},
-    {"phi3", "logits.bin", 1},            {"gpt2", "logits.bin", 0},
+    {"llama_mha", "logits.bin", 0, 0},       {"llama_gqa_tied", "logits.bin", 0, 0},
+    {"mistral", "logits.bin", 0, 0},         {"qwen2", "logits.bin", 0, 0},
+    {"llama_bf16", "logits.bin", 0, 0},      {"llama_f16", "logits.bin", 0, 0},
+    {"llama_sharded", "logits.bin", 0, 0},   {"llama3_rope", "logits.bin", 0, 0},
+    {"llama_linear_hd", "logits.bin", 0, 0}, {"llama_dynamic", "logits.bin", 1, 0},
+    {"llama_yarn", "logits.bin", 0, 0},      {"qwen2_swa", "logits.bin", 0, 0},
+    {"qwen3", "logits.bin", 0, 0},           {"gemma2", "logits.bin", 0, 0},
+    {"gemma3", "logits.bin", 0, 0},          {"phi3", "logits_short.bin", 0, 0},
+    {"phi3", "logits.bin", 1, 0},            {"gpt2", "logits.bin", 0, 0},
+    /* the BF16 / F16 checkpoints held at 16 bits in memory (the values are
+     * exactly those of the file, so only the kernels' summation differs) */
+    {"llama_bf16", "logits.bin", 0, EN_WEIGHTS_AUTO},
+    {"llama_f16", "logits.bin", 0, EN_WEIGHTS_AUTO},
 };
 
 typedef struct fixture {
@@ -153,8 +158,9 @@ static double run_model(const char *root, const model_case *mc, en_backend *be) 
     char dir[1024], path[1100], name[64];
     snprintf(dir, sizeof dir, "%s/%s", root, mc->name);
     snprintf(path, sizeof path, "%s/%s", dir, mc->file);
-    snprintf(name, sizeof name, "%s%s", mc->name,
-             strcmp(mc->file, "logits.bin") == 0 ? "" : "/short");
+    snprintf(name, sizeof name, "%s%s%s", mc->name,
+             strcmp(mc->file, "logits.bin") == 0 ? "" : "/short",
+             mc->weights == EN_WEIGHTS_AUTO ? "/w16" : "");
     double worst = INFINITY;
     fixture fx;
     if (!fixture_read(path, &fx)) {
@@ -175,10 +181,18 @@ static double run_model(const char *root, const model_case *mc, en_backend *be) 
     en_err err = {0};
     en_model_params mp = en_model_params_default();
     mp.backend = be;
+    mp.weights = mc->weights;
     en_status s = en_model_load(dir, &mp, &m, &err);
     CHECK(s == EN_OK, "%s: en_model_load: %s", name, err.msg);
     if (s != EN_OK) goto done;
     const en_model_hparams *hp = en_model_get_hparams(m);
+    if (mc->weights == EN_WEIGHTS_AUTO) {
+        size_t n32 = en_model_n_params(hp) * sizeof(float), held = en_model_param_bytes(m);
+        printf("  %-15s weights held as %s: %zu bytes (float32: %zu)\n", name,
+               en_model_weights_name(m), held, n32);
+        CHECK(strcmp(en_model_weights_name(m), "f32") != 0 && held < n32 * 0.55,
+              "%s: a 16-bit checkpoint must stay 16-bit with EN_WEIGHTS_AUTO", name);
+    }
     CHECK(hp->n_vocab == V, "%s: n_vocab %d, fixture %d", name, hp->n_vocab, V);
     if (hp->n_vocab != V) goto done;
     printf("%s: %s C=%d L=%d H=%d Hkv=%d D=%d F=%d V=%d theta=%g window=%d tied=%d bias=%d\n",
