@@ -92,6 +92,10 @@ en_status en_cfg_layer_types(json_t *root, const char *path, en_model_hparams *h
  * unknown type is EN_ERR_UNSUPPORTED naming it (rope.c). */
 en_status en_rope_parse(json_t *root, const char *path, en_model_hparams *hp, en_err *err);
 
+/* The attention tensors of a Llama-style layer (q/k/v/o, their biases,
+ * q/k norms as hp asks; family_llama.c), for the families that share them. */
+void en_layout_attention(en_layout *b, const en_model_hparams *hp, en_layer_w *lw, int l);
+
 /* The entry for a model_type, or NULL. */
 const en_family *en_family_find(const char *model_type);
 /* "llama, mistral, ..." for messages. */

@@ -103,11 +103,9 @@ static en_status gemma3_config(json_t *root, const char *path, en_model_hparams 
  * (post_attention_layernorm - note: Llama's name for the pre-MLP norm)
  * and around the MLP (pre_/post_feedforward_layernorm). */
 static void gemma_layout(en_layout *b, const en_model_hparams *hp, en_weights *w) {
-    const int64_t C = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, D = hp->head_dim;
-    const int64_t QD = (int64_t)hp->n_head * D, KVD = (int64_t)hp->n_kv_head * D;
-    const unsigned ND = EN_PARAM_NO_DECAY, KV = EN_PARAM_KV, VOC = EN_PARAM_VOCAB;
+    const int64_t C = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    const unsigned VOC = EN_PARAM_VOCAB;
     const unsigned RN = EN_PARAM_NO_DECAY | EN_PARAM_ROW_NORM;
-    const unsigned HN = EN_PARAM_NO_DECAY | EN_PARAM_HEAD_NORM;
     const unsigned NORM = EN_PARAM_NO_DECAY;
     enum { R = EN_SPLIT_ROWS, K = EN_SPLIT_COLS, W = EN_SPLIT_NONE };
     en_layout_add(b, w ? &w->tok_embd : NULL, V, C, R, VOC, "model.embed_tokens.weight", 0);
@@ -115,25 +113,7 @@ static void gemma_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
         en_layer_w *lw = w ? &w->layers[l] : NULL;
 #define L(f) (lw ? &lw->f : NULL)
         en_layout_add(b, L(attn_norm), C, 0, W, NORM | RN, "model.layers.%d.input_layernorm.weight", l);
-        en_layout_add(b, L(wq), QD, C, R, 0, "model.layers.%d.self_attn.q_proj.weight", l);
-        en_layout_add(b, L(wk), KVD, C, R, KV, "model.layers.%d.self_attn.k_proj.weight", l);
-        en_layout_add(b, L(wv), KVD, C, R, KV, "model.layers.%d.self_attn.v_proj.weight", l);
-        if (hp->qkv_bias) {
-            en_layout_add(b, L(bq), QD, 0, R, ND, "model.layers.%d.self_attn.q_proj.bias", l);
-            en_layout_add(b, L(bk), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.k_proj.bias",
-                          l);
-            en_layout_add(b, L(bv), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.v_proj.bias",
-                          l);
-        }
-        en_layout_add(b, L(wo), C, QD, K, 0, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (hp->o_bias)
-            en_layout_add(b, L(bo), C, 0, W, ND, "model.layers.%d.self_attn.o_proj.bias", l);
-        if (hp->qk_norm) {
-            en_layout_add(b, L(q_norm), D, 0, W, NORM | HN, "model.layers.%d.self_attn.q_norm.weight",
-                          l);
-            en_layout_add(b, L(k_norm), D, 0, W, NORM | HN, "model.layers.%d.self_attn.k_norm.weight",
-                          l);
-        }
+        en_layout_attention(b, hp, lw, l);
         en_layout_add(b, L(post_attn_norm), C, 0, W, NORM | RN,
                       "model.layers.%d.post_attention_layernorm.weight", l);
         en_layout_add(b, L(ffn_norm), C, 0, W, NORM | RN,

@@ -67,17 +67,42 @@ static en_status qwen3_config(json_t *root, const char *path, en_model_hparams *
     return qwen_window(root, path, hp, err);
 }
 
+/* The attention tensors of layer l of a Llama-style model (llama,
+ * mistral, qwen2/3, gemma2/3): q, k, v (biases with qkv_bias), o (bias
+ * with o_bias), the per-head q/k norms with qk_norm. Column-parallel q/k/v
+ * split by rows, row-parallel o by columns with its bias whole. */
+void en_layout_attention(en_layout *b, const en_model_hparams *hp, en_layer_w *lw, int l) {
+    const int64_t C = hp->n_embd, D = hp->head_dim;
+    const int64_t QD = (int64_t)hp->n_head * D, KVD = (int64_t)hp->n_kv_head * D;
+    const unsigned ND = EN_PARAM_NO_DECAY, KV = EN_PARAM_KV;
+    const unsigned HN = EN_PARAM_NO_DECAY | EN_PARAM_HEAD_NORM;
+    enum { R = EN_SPLIT_ROWS, K = EN_SPLIT_COLS, W = EN_SPLIT_NONE };
+#define L(f) (lw ? &lw->f : NULL)
+    en_layout_add(b, L(wq), QD, C, R, 0, "model.layers.%d.self_attn.q_proj.weight", l);
+    en_layout_add(b, L(wk), KVD, C, R, KV, "model.layers.%d.self_attn.k_proj.weight", l);
+    en_layout_add(b, L(wv), KVD, C, R, KV, "model.layers.%d.self_attn.v_proj.weight", l);
+    if (hp->qkv_bias) {
+        en_layout_add(b, L(bq), QD, 0, R, ND, "model.layers.%d.self_attn.q_proj.bias", l);
+        en_layout_add(b, L(bk), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.k_proj.bias", l);
+        en_layout_add(b, L(bv), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.v_proj.bias", l);
+    }
+    en_layout_add(b, L(wo), C, QD, K, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+    if (hp->o_bias) en_layout_add(b, L(bo), C, 0, W, ND, "model.layers.%d.self_attn.o_proj.bias", l);
+    if (hp->qk_norm) {
+        en_layout_add(b, L(q_norm), D, 0, W, HN, "model.layers.%d.self_attn.q_norm.weight", l);
+        en_layout_add(b, L(k_norm), D, 0, W, HN, "model.layers.%d.self_attn.k_norm.weight", l);
+    }
+#undef L
+}
+
 /* The tensors of a Llama-style model, in checkpoint order. Column-parallel
  * linears (q, k, v, gate, up) and their biases split by rows, row-parallel
  * ones (o, down) by columns with their biases whole; norms whole; the
  * embedding and output matrix are vocab-parallel. */
 static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w) {
     const int64_t C = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
-    const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
-    const int64_t KVD = (int64_t)hp->n_kv_head * hp->head_dim;
-    const unsigned ND = EN_PARAM_NO_DECAY, KV = EN_PARAM_KV, VOC = EN_PARAM_VOCAB;
+    const unsigned ND = EN_PARAM_NO_DECAY, VOC = EN_PARAM_VOCAB;
     const unsigned RN = EN_PARAM_NO_DECAY | EN_PARAM_ROW_NORM;
-    const unsigned HN = EN_PARAM_NO_DECAY | EN_PARAM_HEAD_NORM;
     enum { R = EN_SPLIT_ROWS, K = EN_SPLIT_COLS, W = EN_SPLIT_NONE };
 #define S(p) (w ? &(p) : NULL)
     en_layout_add(b, S(w->tok_embd), V, C, R, VOC, "model.embed_tokens.weight", 0);
@@ -85,24 +110,7 @@ static void llama_layout(en_layout *b, const en_model_hparams *hp, en_weights *w
         en_layer_w *lw = w ? &w->layers[l] : NULL;
 #define L(f) (lw ? &lw->f : NULL)
         en_layout_add(b, L(attn_norm), C, 0, W, RN, "model.layers.%d.input_layernorm.weight", l);
-        en_layout_add(b, L(wq), QD, C, R, 0, "model.layers.%d.self_attn.q_proj.weight", l);
-        en_layout_add(b, L(wk), KVD, C, R, KV, "model.layers.%d.self_attn.k_proj.weight", l);
-        en_layout_add(b, L(wv), KVD, C, R, KV, "model.layers.%d.self_attn.v_proj.weight", l);
-        if (hp->qkv_bias) {
-            en_layout_add(b, L(bq), QD, 0, R, ND, "model.layers.%d.self_attn.q_proj.bias", l);
-            en_layout_add(b, L(bk), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.k_proj.bias",
-                          l);
-            en_layout_add(b, L(bv), KVD, 0, R, ND | KV, "model.layers.%d.self_attn.v_proj.bias",
-                          l);
-        }
-        en_layout_add(b, L(wo), C, QD, K, 0, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (hp->qk_norm) {
-            const int64_t D = hp->head_dim;
-            en_layout_add(b, L(q_norm), D, 0, W, HN, "model.layers.%d.self_attn.q_norm.weight", l);
-            en_layout_add(b, L(k_norm), D, 0, W, HN, "model.layers.%d.self_attn.k_norm.weight", l);
-        }
-        if (hp->o_bias)
-            en_layout_add(b, L(bo), C, 0, W, ND, "model.layers.%d.self_attn.o_proj.bias", l);
+        en_layout_attention(b, hp, lw, l);
         en_layout_add(b, L(ffn_norm), C, 0, W, RN,
                       "model.layers.%d.post_attention_layernorm.weight", l);
         en_layout_add(b, L(w_gate), F, C, R, 0, "model.layers.%d.mlp.gate_proj.weight", l);

@@ -28,29 +28,14 @@ static const char *const k_models[] = {"llama_mha",   "llama_gqa_tied", "mistral
                                        "llama3_rope", "llama_linear_hd", "llama_yarn", "qwen2_swa",
                                        "qwen3",       "gemma2",         "gemma3",     "gpt2"};
 
-static uint32_t rd_u32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* logits.bin: "ENFX", version 1, T, V, ids[T], logits[T*V] */
+/* logits.bin through en_test_logits_read (test_util.h) */
 static int read_fixture(const char *path, int *T, int *V, int32_t **ids, float **logits) {
-    size_t len = 0;
-    unsigned char *b = en_test_read_file(path, &len);
-    if (!b || len < 16 || memcmp(b, "ENFX", 4) != 0) {
-        free(b);
-        return 0;
-    }
-    *T = (int)rd_u32(b + 8);
-    *V = (int)rd_u32(b + 12);
-    if (len != 16 + 4 * (size_t)*T + 4 * (size_t)*T * *V) {
-        free(b);
-        return 0;
-    }
-    *ids = malloc((size_t)*T * sizeof(int32_t));
-    *logits = malloc((size_t)*T * *V * sizeof(float));
-    memcpy(*ids, b + 16, (size_t)*T * 4);
-    memcpy(*logits, b + 16 + (size_t)*T * 4, (size_t)*T * *V * 4);
-    free(b);
+    en_test_logits fx;
+    if (!en_test_logits_read(path, &fx)) return 0;
+    *T = fx.T;
+    *V = fx.V;
+    *ids = fx.ids;
+    *logits = fx.logits;
     return 1;
 }
 

@@ -73,50 +73,6 @@ static const bad_case k_bad[] = {
     {"bad_offset.gguf", EN_ERR_FORMAT, {"bad_offset.gguf", "'output_norm.weight'", "26496"}},
 };
 
-typedef struct fixture {
-    int T, V;
-    int32_t *ids;
-    float *logits;
-} fixture;
-
-static uint32_t rd_u32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* logits.bin (see test_model_logits.c); 0 on a malformed file. */
-static int fixture_read(const char *path, fixture *fx) {
-    memset(fx, 0, sizeof *fx);
-    size_t len = 0;
-    unsigned char *b = en_test_read_file(path, &len);
-    if (!b) {
-        fprintf(stderr, "%s: cannot read\n", path);
-        return 0;
-    }
-    uint32_t T = len >= 16 ? rd_u32(b + 8) : 0, V = len >= 16 ? rd_u32(b + 12) : 0;
-    if (len < 16 || memcmp(b, "ENFX", 4) != 0 || rd_u32(b + 4) != 1 || T == 0 || V == 0 ||
-        T > 4096 || V > (1u << 20) || len != 16 + 4 * (size_t)T + 4 * (size_t)T * V) {
-        fprintf(stderr, "%s: not a logits.bin of version 1\n", path);
-        free(b);
-        return 0;
-    }
-    fx->T = (int)T;
-    fx->V = (int)V;
-    fx->ids = malloc((size_t)T * sizeof(int32_t));
-    fx->logits = malloc((size_t)T * V * sizeof(float));
-    if (fx->ids && fx->logits) {
-        memcpy(fx->ids, b + 16, (size_t)T * sizeof(int32_t));
-        memcpy(fx->logits, b + 16 + 4 * (size_t)T, (size_t)T * V * sizeof(float));
-    }
-    free(b);
-    return fx->ids && fx->logits;
-}
-
-static void fixture_free(fixture *fx) {
-    free(fx->ids);
-    free(fx->logits);
-    memset(fx, 0, sizeof *fx);
-}
-
 static double check_logits(const char *model, const char *run, const float *got,
                            const float *ref, size_t n) {
     double e = en_test_max_rel_err(got, ref, n);
@@ -130,8 +86,8 @@ static double run_good(const char *root, const good_case *gc, en_backend *be) {
     snprintf(path, sizeof path, "%s/gguf/%s", root, gc->file);
     snprintf(ref_path, sizeof ref_path, "%s.logits.bin", path);
     double worst = INFINITY;
-    fixture fx, f32 = {0};
-    if (!fixture_read(ref_path, &fx)) {
+    en_test_logits fx, f32 = {0};
+    if (!en_test_logits_read(ref_path, &fx)) {
         CHECK(0, "%s: reference unreadable", gc->file);
         return worst;
     }
@@ -197,7 +153,7 @@ static double run_good(const char *root, const good_case *gc, en_backend *be) {
     /* Q8_0: not the unquantised model's logits */
     if (gc->q8) {
         snprintf(ref_path, sizeof ref_path, "%s.f32.logits.bin", path);
-        if (!fixture_read(ref_path, &f32) || f32.T != T || f32.V != V ||
+        if (!en_test_logits_read(ref_path, &f32) || f32.T != T || f32.V != V ||
             memcmp(f32.ids, fx.ids, (size_t)T * sizeof(int32_t)) != 0) {
             CHECK(0, "%s: %s unreadable or of other ids", gc->file, ref_path);
             goto done;
@@ -214,8 +170,8 @@ done:
     en_model_destroy(m);
     free(full);
     free(inc);
-    fixture_free(&fx);
-    fixture_free(&f32);
+    en_test_logits_free(&fx);
+    en_test_logits_free(&f32);
     return worst;
 }
 
@@ -262,7 +218,7 @@ static void unknown_rope(const char *root, en_backend *be) {
     snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
     snprintf(cfg_dst, sizeof cfg_dst, "%s/config.json", dir);
     const char *brace = cfg ? memchr(cfg, '{', n_cfg) : NULL;
-    CHECK(cfg && st && brace, "llama_mha fixture unreadable");
+    CHECK(cfg && st && brace, "llama_mha en_test_logits unreadable");
     if (cfg && st && brace) {
         static const char ins[] = "\n  \"rope_scaling\": {\"rope_type\": \"foo\", \"factor\": 2},";
         size_t head = (size_t)(brace - cfg) + 1;

@@ -65,63 +65,8 @@ static const model_case k_models[] = {
     {"llama_f16", "logits.bin", 0, EN_WEIGHTS_AUTO},
 };
 
-typedef struct fixture {
-    int T, V;
-    int32_t *ids;  /* (T) */
-    float *logits; /* (T, V) */
-    void *buf;
-} fixture;
-
-static uint32_t rd_u32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Read logits.bin; returns 0 and prints why on a malformed file. */
-static int fixture_read(const char *path, fixture *fx) {
-    memset(fx, 0, sizeof *fx);
-    size_t len = 0;
-    unsigned char *b = en_test_read_file(path, &len);
-    if (!b) {
-        fprintf(stderr, "%s: cannot read\n", path);
-        return 0;
-    }
-    if (len < 16 || memcmp(b, "ENFX", 4) != 0 || rd_u32(b + 4) != 1) {
-        fprintf(stderr, "%s: bad magic or version\n", path);
-        free(b);
-        return 0;
-    }
-    uint32_t T = rd_u32(b + 8), V = rd_u32(b + 12);
-    if (T == 0 || V == 0 || T > 4096 || V > (1u << 20) ||
-        len != 16 + 4 * (size_t)T + 4 * (size_t)T * V) {
-        fprintf(stderr, "%s: bad sizes T=%u V=%u for %zu bytes\n", path, T, V, len);
-        free(b);
-        return 0;
-    }
-    fx->T = (int)T;
-    fx->V = (int)V;
-    fx->ids = malloc((size_t)T * sizeof(int32_t));
-    fx->logits = malloc((size_t)T * V * sizeof(float));
-    if (!fx->ids || !fx->logits) {
-        free(fx->ids);
-        free(fx->logits);
-        free(b);
-        return 0;
-    }
-    /* Fixtures are little-endian; so are all hosts we build for. */
-    memcpy(fx->ids, b + 16, (size_t)T * sizeof(int32_t));
-    memcpy(fx->logits, b + 16 + 4 * (size_t)T, (size_t)T * V * sizeof(float));
-    free(b);
-    return 1;
-}
-
-static void fixture_free(fixture *fx) {
-    free(fx->ids);
-    free(fx->logits);
-    memset(fx, 0, sizeof *fx);
-}
-
 /* Sum over t >= 1 of -log softmax(ref[t-1])[ids[t]], in float64. */
-static double ref_nll(const fixture *fx) {
+static double ref_nll(const en_test_logits *fx) {
     double sum = 0;
     for (int t = 0; t + 1 < fx->T; t++) {
         const float *row = fx->logits + (size_t)t * fx->V;
@@ -153,7 +98,7 @@ static double check_logits(const char *model, const char *run, const float *got,
     return e;
 }
 
-/* Run one fixture model. Returns the worst max relative error of (a), (b). */
+/* Run one en_test_logits model. Returns the worst max relative error of (a), (b). */
 static double run_model(const char *root, const model_case *mc, en_backend *be) {
     char dir[1024], path[1100], name[64];
     snprintf(dir, sizeof dir, "%s/%s", root, mc->name);
@@ -162,9 +107,9 @@ static double run_model(const char *root, const model_case *mc, en_backend *be) 
              strcmp(mc->file, "logits.bin") == 0 ? "" : "/short",
              mc->weights == EN_WEIGHTS_AUTO ? "/w16" : "");
     double worst = INFINITY;
-    fixture fx;
-    if (!fixture_read(path, &fx)) {
-        CHECK(0, "%s: fixture unreadable", name);
+    en_test_logits fx;
+    if (!en_test_logits_read(path, &fx)) {
+        CHECK(0, "%s: en_test_logits unreadable", name);
         return worst;
     }
     const int T = fx.T, V = fx.V;
@@ -270,7 +215,7 @@ done:
     free(full);
     free(full2);
     free(inc);
-    fixture_free(&fx);
+    en_test_logits_free(&fx);
     return worst;
 }
 

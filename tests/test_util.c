@@ -76,6 +76,44 @@ double en_test_max_rel_err(const float *got, const float *ref, size_t n) {
     return maxdiff / maxref;
 }
 
+static uint32_t rd_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int en_test_logits_read(const char *path, en_test_logits *fx) {
+    memset(fx, 0, sizeof *fx);
+    size_t len = 0;
+    unsigned char *b = en_test_read_file(path, &len);
+    if (!b) {
+        fprintf(stderr, "%s: cannot read\n", path);
+        return 0;
+    }
+    uint32_t T = len >= 16 ? rd_u32(b + 8) : 0, V = len >= 16 ? rd_u32(b + 12) : 0;
+    if (len < 16 || memcmp(b, "ENFX", 4) != 0 || rd_u32(b + 4) != 1 || T == 0 || V == 0 ||
+        T > 4096 || V > (1u << 20) || len != 16 + 4 * (size_t)T + 4 * (size_t)T * V) {
+        fprintf(stderr, "%s: not a logits.bin of version 1\n", path);
+        free(b);
+        return 0;
+    }
+    fx->T = (int)T;
+    fx->V = (int)V;
+    fx->ids = malloc((size_t)T * sizeof(int32_t));
+    fx->logits = malloc((size_t)T * V * sizeof(float));
+    if (fx->ids && fx->logits) { /* fixtures are little-endian; so are our hosts */
+        memcpy(fx->ids, b + 16, (size_t)T * sizeof(int32_t));
+        memcpy(fx->logits, b + 16 + 4 * (size_t)T, (size_t)T * V * sizeof(float));
+    }
+    free(b);
+    if (!fx->ids || !fx->logits) en_test_logits_free(fx);
+    return fx->ids != NULL;
+}
+
+void en_test_logits_free(en_test_logits *fx) {
+    free(fx->ids);
+    free(fx->logits);
+    memset(fx, 0, sizeof *fx);
+}
+
 double en_test_grad_err(const float *got, const float *ref, size_t n) {
     double maxref = 0, maxdiff = 0;
     for (size_t i = 0; i < n; i++) {

@@ -30,6 +30,18 @@ int en_test_close_f64(const char *name, const float *got, const double *ref, siz
 /* Max relative error max|got-ref| / max(max|ref|, tiny): the figure used by
  * the logits checks ("within 1e-4 relative"). */
 double en_test_max_rel_err(const float *got, const float *ref, size_t n);
+/* A reference logits file (logits.bin, written by the tests/gen scripts):
+ *     char magic[4] "ENFX", uint32 version 1, uint32 T, uint32 V,
+ *     int32 ids[T], float32 logits[T*V] (row t: after ids[0..t]),
+ * little-endian. Returns 0 (saying why on stderr) for a malformed file. */
+typedef struct en_test_logits {
+    int T, V;
+    int32_t *ids;
+    float *logits;
+} en_test_logits;
+int en_test_logits_read(const char *path, en_test_logits *fx);
+void en_test_logits_free(en_test_logits *fx);
+
 /* en_test_max_rel_err for gradients, except that a reference which is zero
  * up to rounding (max |ref| < 1e-6) is compared absolutely. */
 double en_test_grad_err(const float *got, const float *ref, size_t n);
