@@ -72,6 +72,37 @@ void en_op_matmul(en_backend *be, float *y, const float *x, const float *w, cons
     be->ops->matmul(be, y, x, w, bias, M, N, K);
 }
 
+/* ---- 16-bit weights ---- */
+
+static void wtype_check(int wtype) { EN_ASSERT(wtype == EN_WTYPE_BF16 || wtype == EN_WTYPE_F16); }
+
+void en_op_matmul_w16(en_backend *be, float *y, const float *x, const uint16_t *w, int wtype,
+                      const float *bias, int M, int N, int K) {
+    EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    wtype_check(wtype);
+    if (M == 0 || N == 0) return;
+    EN_ASSERT(y != x);
+    be->ops->matmul_w16(be, y, x, w, wtype, bias, M, N, K);
+}
+
+void en_op_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const uint16_t *w,
+                            int wtype, int M, int N, int K) {
+    EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    wtype_check(wtype);
+    /* N = 0 adds nothing; K = 0 leaves dx empty. */
+    if (M == 0 || N == 0 || K == 0 || !dx) return;
+    EN_ASSERT(dx != dy);
+    be->ops->matmul_w16_bwd_x(be, dx, dy, w, wtype, M, N, K);
+}
+
+void en_op_embedding_w16(en_backend *be, float *y, const uint16_t *table, int wtype,
+                         const int32_t *ids, int T, int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    wtype_check(wtype);
+    if (T == 0 || C == 0) return;
+    be->ops->embedding_w16(be, y, table, wtype, ids, T, C);
+}
+
 void en_op_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps, int T,
                    int C) {
     EN_ASSERT(T >= 0 && C >= 0);

@@ -5,7 +5,8 @@
  * a CUDA implementation of the same table comes with issue #6.
  *
  * Conventions:
- *  - all tensors are float32, row-major, contiguous unless a stride is given;
+ *  - all tensors are float32 (but the 16-bit weights of the _w16 ops),
+ *    row-major, contiguous unless a stride is given;
  *  - buffers passed to ops must come from en_backend_alloc of the same backend
  *    (on the CPU any host memory works, which tests use);
  *  - shapes use T (tokens), C (channels), H (heads), D (head dim),
@@ -89,6 +90,52 @@ void en_backend_zero(en_backend *be, void *dst, size_t bytes);
 /* y(M,N) = x(M,K) · w(N,K)^T + bias(N). bias may be NULL. y must not alias x. */
 void en_op_matmul(en_backend *be, float *y, const float *x, const float *w, const float *bias,
                   int M, int N, int K);
+
+/* ---- 16-bit weights ----
+ * Weights kept at 16 bits in memory (half the bytes of float32: a bf16 or
+ * f16 checkpoint loaded as it is) and widened to float32 inside the
+ * kernels, in registers. Activations, biases, outputs and every sum stay
+ * float32. The widening is exact (every bf16 and f16 value is a float32),
+ * so the CPU's results are float32 GEMMs over the widened weights; the
+ * CUDA backend rounds the activations of its large GEMMs to the weight's
+ * type as well (cuBLASLt has no mixed 16/32-bit inputs): ~1e-2 relative
+ * for bf16, see cuda/matmul_w16.cu.
+ * The weight buffer holds uint16_t bit patterns; wtype says which kind. */
+
+/* 16-bit weight storage types for the _w16 ops. */
+typedef enum en_wtype {
+    EN_WTYPE_BF16 = 1, /* bfloat16: float32's top 16 bits (8-bit exponent, 7-bit mantissa) */
+    EN_WTYPE_F16 = 2,  /* IEEE 754 binary16 (5-bit exponent, 10-bit mantissa) */
+} en_wtype;
+
+/* y(M,N) = x(M,K) · w(N,K)^T + bias(N): w holds bfloat16 or IEEE half bits
+ * (wtype, an en_wtype: checked, abort otherwise); x, y, bias float32;
+ * products and sums in float32. bias may be NULL. y must not alias x.
+ * Batch-invariant mode (en_backend_set_batch_invariant) holds as for
+ * en_op_matmul: each row's result is bit-identical whatever M. On the CPU,
+ * results do not depend on n_threads either. */
+void en_op_matmul_w16(en_backend *be, float *y, const float *x, const uint16_t *w, int wtype,
+                      const float *bias, int M, int N, int K);
+
+/* dx(M,K) += dy(M,N) · w(N,K) for a 16-bit w (the input gradient through a
+ * frozen 16-bit base weight: LoRA training). Accumulates, like
+ * en_op_matmul_bwd's dx; dx must not alias dy. wtype as above. */
+void en_op_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const uint16_t *w,
+                            int wtype, int M, int N, int K);
+
+/* y(T,C) = float32 rows ids[t] of a 16-bit table(V,C) (embedding lookup);
+ * exact. ids must be in [0, V): checked by the caller, as for
+ * en_op_embedding. */
+void en_op_embedding_w16(en_backend *be, float *y, const uint16_t *table, int wtype,
+                         const int32_t *ids, int T, int C);
+
+/* Convert n floats to 16-bit (round to nearest, ties to even; NaN stays NaN
+ * (quiet, sign kept); values past the type's range become +-inf; f16 keeps
+ * subnormals) and back (exact). Host memory, no backend needed: for
+ * loading weights and for tests. src and dst must not overlap. Thread-safe
+ * (no state). wtype an en_wtype (checked, abort otherwise). */
+void en_f32_to_w16(uint16_t *dst, const float *src, size_t n, int wtype);
+void en_w16_to_f32(float *dst, const uint16_t *src, size_t n, int wtype);
 
 /* y(T,C) = x / sqrt(mean(x^2) + eps) * w(C). y may alias x. */
 void en_op_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps, int T,

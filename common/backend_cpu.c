@@ -8,7 +8,9 @@
  * SIMD intrinsics, fused kernels): new ops land here first and the CUDA
  * backend (issue #6) is tested against this file. The ops of the other
  * model families (rope with a frequency table, GELU / GeGLU, LayerNorm,
- * soft-capping) live in backend_cpu_family.c and join the table here.
+ * soft-capping) live in backend_cpu_family.c and the 16-bit weight ops
+ * (matmul_w16 & co., with AVX2 kernels) in backend_cpu_w16.c; both join the
+ * table here.
  *
  * Determinism: outside matmul each output element is computed by one
  * thread in a fixed order of operations that does not depend on which
@@ -50,6 +52,7 @@ typedef struct cpu_ctx {
      * outside parallel regions so that the hot loop never allocates. */
     void *scratch;
     size_t scratch_bytes; /* bytes allocated */
+    int w16_simd;         /* en_cpu_w16_simd: the 16-bit weight kernels' ISA */
 } cpu_ctx;
 
 /* ---- buffers: plain host memory ---- */
@@ -92,6 +95,16 @@ static void *cpu_scratch(cpu_ctx *c, size_t bytes) {
 static void cpu_blas_threads(const cpu_ctx *c) {
     if (c->blas_threads > 0 && openblas_get_num_threads() != c->blas_threads)
         openblas_set_num_threads(c->blas_threads);
+}
+
+void *en_cpu_scratch(en_backend *be, size_t bytes) { return cpu_scratch(be->ctx, bytes); }
+
+void en_cpu_blas_threads(en_backend *be) { cpu_blas_threads(be->ctx); }
+
+int en_cpu_w16_simd(const en_backend *be) { return ((const cpu_ctx *)be->ctx)->w16_simd; }
+
+void en_cpu_w16_set_simd(en_backend *be, int on) {
+    ((cpu_ctx *)be->ctx)->w16_simd = on && en_cpu_w16_simd_available();
 }
 
 /* ---- ops ---- */
@@ -1054,6 +1067,9 @@ static const en_backend_ops cpu_ops = {
     .layernorm_bwd = en_cpu_layernorm_bwd,
     .softcap = en_cpu_softcap,
     .softcap_bwd = en_cpu_softcap_bwd,
+    .matmul_w16 = en_cpu_matmul_w16,
+    .matmul_w16_bwd_x = en_cpu_matmul_w16_bwd_x,
+    .embedding_w16 = en_cpu_embedding_w16,
 };
 
 /* cfg may be NULL (defaults). Errors: EN_ERR_ARG (n_threads < 0),
@@ -1076,6 +1092,7 @@ en_status en_backend_cpu_create(const en_backend_config *cfg, en_backend **out, 
     cpu_ctx *ctx = en_calloc(1, sizeof *ctx);
     if (!be || !ctx) goto fail;
     ctx->blas_threads = c.n_threads;
+    ctx->w16_simd = en_cpu_w16_simd_available();
     be->ops = &cpu_ops;
     be->name = "cpu";
     /* The getter reports the count in effect, not 0. */

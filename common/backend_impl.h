@@ -4,8 +4,8 @@
  *
  * backend.c checks arguments, returns early on empty sizes and then calls
  * through this table, so an implementation may assume:
- *  - every size it receives is > 0, except matmul's (and matmul_bwd's) K
- *    and cross_entropy's (and cross_entropy_bwd's) V, which may be 0 (then
+ *  - every size it receives is > 0, except matmul's (and matmul_bwd's,
+ *    matmul_w16's) K and cross_entropy's (and cross_entropy_bwd's) V, which may be 0 (then
  *    every target is < 0);
  *  - the checks documented in backend.c have passed (H % Hkv == 0,
  *    0 <= pos[t] < S, D even for rope, n_rot even and in (0, D] for
@@ -113,6 +113,15 @@ typedef struct en_backend_ops {
     void (*softcap)(en_backend *be, float *y, const float *x, float cap, size_t n);
     void (*softcap_bwd)(en_backend *be, float *dx, const float *dy, const float *y, float cap,
                         size_t n);
+
+    /* 16-bit weights (en_op_matmul_w16 & co.), same arguments as en_op_*;
+     * wtype has been checked to be an en_wtype. matmul_w16's K may be 0. */
+    void (*matmul_w16)(en_backend *be, float *y, const float *x, const uint16_t *w, int wtype,
+                       const float *bias, int M, int N, int K);
+    void (*matmul_w16_bwd_x)(en_backend *be, float *dx, const float *dy, const uint16_t *w,
+                             int wtype, int M, int N, int K);
+    void (*embedding_w16)(en_backend *be, float *y, const uint16_t *table, int wtype,
+                          const int32_t *ids, int T, int C);
 } en_backend_ops;
 
 struct en_backend {

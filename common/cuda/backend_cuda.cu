@@ -2,15 +2,17 @@
  * backend_cuda.cu - the CUDA backend: en_backend_cuda_create and the op
  * table of backend_impl.h, in float32. Each op sets the backend's device
  * current (when another is), moves host-side index arrays to the device
- * (below) and calls a launcher of matmul.cu, norm.cu, rope.cu,
- * elementwise.cu, embedding.cu, cross_entropy.cu, reduce.cu or attention.cu
+ * (below) and calls a launcher of matmul.cu, matmul_w16.cu, norm.cu,
+ * rope.cu, elementwise.cu, embedding.cu, cross_entropy.cu, reduce.cu or
+ * attention.cu
  * on the backend's one stream. Ops are asynchronous; download, sumsq and
  * sync wait for the stream. Compiled instead of backend_cuda_none.c when
  * ENERGON_CUDA=ON; tests/test_backend_ops.c runs it against backend_cpu.c.
  *
  * Owned here: the stream, the cuBLASLt state (matmul.cu), device scratch
  * (rmsnorm_bwd's row scales, layernorm_bwd's row statistics, sumsq's
- * partial sums), the index staging
+ * partial sums, the 16-bit weight ops' rounded activations or widened
+ * weight panels: matmul_w16.cu), the index staging
  * slots and, in BF16 mode, the bf16 state of the GEMMs (bf16.cu). No GPU
  * memory is allocated inside ops except when an index array, the norm
  * scratch or the bf16 scratch outgrows what it had, or a weight gets its
@@ -63,6 +65,7 @@ extern "C" {
 #include "embedding.cuh"
 #include "kernels.cuh"
 #include "matmul.cuh"
+#include "matmul_w16.cuh"
 #include "norm.cuh"
 #include "reduce.cuh"
 #include "rope.cuh"
@@ -102,6 +105,8 @@ typedef struct cuda_ctx {
     size_t ln_cap;     /* rows */
     double *red;       /* (EN_CUDA_SUMSQ_BLOCKS + 1) device: sumsq */
     double *red_host;  /* (1) pinned: sumsq's result */
+    void *w16;         /* (w16_cap bytes) device: the 16-bit weight ops' scratch */
+    size_t w16_cap;
 } cuda_ctx;
 
 /* Makes the backend's device current for this thread (a process may drive
@@ -449,6 +454,50 @@ static void cuda_cross_entropy_bwd(en_backend *be, float *dlogits, const float *
     en_cuda_cross_entropy_bwd(c->stream, dlogits, logits, dtg, scale, T, V);
 }
 
+/* ---- 16-bit weights ---- */
+
+/* At least `bytes` of the 16-bit ops' scratch (NULL for 0). Grows like the
+ * norm scratch: after a wait, since queued kernels may still use it. */
+static void *w16_scratch(cuda_ctx *c, const char *op, size_t bytes) {
+    if (bytes > c->w16_cap) {
+        EN_CUDA_CHECK(op, cudaStreamSynchronize(c->stream));
+        EN_CUDA_CHECK(op, cudaFree(c->w16));
+        c->w16 = NULL;
+        c->w16_cap = 0;
+        EN_CUDA_CHECK(op, cudaMalloc(&c->w16, bytes));
+        c->w16_cap = bytes;
+    }
+    return bytes ? c->w16 : NULL;
+}
+
+static void cuda_matmul_w16(en_backend *be, float *y, const float *x, const uint16_t *w,
+                            int wtype, const float *bias, int M, int N, int K) {
+    cuda_ctx *c = enter(be, "matmul_w16");
+    wrote(c, y, (size_t)M * (size_t)N);
+    void *scr =
+        w16_scratch(c, "matmul_w16", en_cuda_matmul_w16_scratch(M, K, be->batch_invariant));
+    en_cuda_matmul_w16(c->gemm, c->stream, scr, y, x, w, wtype, bias, M, N, K,
+                       be->batch_invariant);
+}
+
+static void cuda_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const uint16_t *w,
+                                  int wtype, int M, int N, int K) {
+    cuda_ctx *c = enter(be, "matmul_w16_bwd_x");
+    wrote(c, dx, (size_t)M * (size_t)K);
+    void *scr = w16_scratch(c, "matmul_w16_bwd_x",
+                            en_cuda_matmul_w16_bwd_x_scratch(wtype, M, N, K));
+    en_cuda_matmul_w16_bwd_x(c->gemm, c->stream, scr, dx, dy, w, wtype, M, N, K);
+}
+
+static void cuda_embedding_w16(en_backend *be, float *y, const uint16_t *table, int wtype,
+                               const int32_t *ids, int T, int C) {
+    cuda_ctx *c = enter(be, "embedding_w16");
+    wrote(c, y, (size_t)T * (size_t)C);
+    const int32_t *dids = NULL;
+    stage_idx(c, "embedding_w16", ids, (size_t)T, &dids, NULL, 0, NULL);
+    en_cuda_embedding_w16_fwd(c->stream, y, table, wtype, dids, T, C);
+}
+
 /* ---- the other families' ops ---- */
 
 static void cuda_rope_freq_any(en_backend *be, const char *op, float *x, const int32_t *pos,
@@ -587,6 +636,7 @@ static void ctx_release(cuda_ctx *c) {
     if (c->ln) (void)cudaFree(c->ln);
     if (c->red) (void)cudaFree(c->red);
     if (c->red_host) (void)cudaFreeHost(c->red_host);
+    if (c->w16) (void)cudaFree(c->w16);
     if (c->stream) (void)cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     en_free(c);
@@ -638,6 +688,9 @@ static const en_backend_ops cuda_ops = {
     /* .layernorm_bwd = */ cuda_layernorm_bwd,
     /* .softcap = */ cuda_softcap,
     /* .softcap_bwd = */ cuda_softcap_bwd,
+    /* .matmul_w16 = */ cuda_matmul_w16,
+    /* .matmul_w16_bwd_x = */ cuda_matmul_w16_bwd_x,
+    /* .embedding_w16 = */ cuda_embedding_w16,
 };
 
 /* A failed CUDA call during create: record it and go to the cleanup. */

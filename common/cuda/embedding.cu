@@ -1,6 +1,7 @@
 /*
  * embedding.cu - gathers and scatters of rows by index: the token
- * embedding, its gradient and the paged KV cache's row stores.
+ * embedding (float32 or 16-bit table), its gradient and the paged KV
+ * cache's row stores.
  *
  * The gradient is deterministic: tokens with the same id add into the
  * same row, so instead of atomicAdd (whose order, and so whose rounding,
@@ -12,6 +13,7 @@
  */
 #include "cuda_util.cuh"
 #include "embedding.cuh"
+#include "w16.cuh"
 
 /* One block per token. */
 __global__ void embedding_fwd_kernel(float *__restrict__ y, const float *__restrict__ table,
@@ -20,6 +22,16 @@ __global__ void embedding_fwd_kernel(float *__restrict__ y, const float *__restr
     const float *src = table + (size_t)ids[t] * C; /* (C) */
     float *dst = y + t * C;                        /* (C) */
     for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
+}
+
+/* One block per token, the row widened from 16 bits. */
+template <int WT>
+__global__ void embedding_w16_fwd_kernel(float *__restrict__ y, const uint16_t *__restrict__ table,
+                                         const int32_t *__restrict__ ids, int C) {
+    const size_t t = blockIdx.x;
+    const uint16_t *src = table + (size_t)ids[t] * C; /* (C) */
+    float *dst = y + t * C;                           /* (C) */
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = en_w16_widen<WT>(src[c]);
 }
 
 /* One thread per column. */
@@ -43,6 +55,17 @@ void en_cuda_embedding_fwd(cudaStream_t s, float *y, const float *table, const i
                            int C) {
     embedding_fwd_kernel<<<(unsigned)T, EN_CUDA_BLOCK, 0, s>>>(y, table, ids, C);
     EN_CUDA_LAUNCH_CHECK("embedding");
+}
+
+void en_cuda_embedding_w16_fwd(cudaStream_t s, float *y, const uint16_t *table, int wtype,
+                               const int32_t *ids, int T, int C) {
+    if (wtype == EN_WTYPE_BF16)
+        embedding_w16_fwd_kernel<EN_WTYPE_BF16><<<(unsigned)T, EN_CUDA_BLOCK, 0, s>>>(y, table,
+                                                                                   ids, C);
+    else
+        embedding_w16_fwd_kernel<EN_WTYPE_F16><<<(unsigned)T, EN_CUDA_BLOCK, 0, s>>>(y, table,
+                                                                                  ids, C);
+    EN_CUDA_LAUNCH_CHECK("embedding_w16");
 }
 
 void en_cuda_embedding_bwd(cudaStream_t s, float *dtable, const float *dy, const int32_t *ids,

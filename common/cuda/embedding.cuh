@@ -22,4 +22,9 @@ void en_cuda_embedding_bwd(cudaStream_t s, float *dtable, const float *dy, const
 void en_cuda_rows_scatter(cudaStream_t s, float *dst, size_t dst_stride, const int32_t *rows,
                           const float *src, size_t src_stride, int T, int width);
 
+/* y(T,C) row t = table row ids[t] widened from 16 bits of wtype (an
+ * en_wtype), exactly. */
+void en_cuda_embedding_w16_fwd(cudaStream_t s, float *y, const uint16_t *table, int wtype,
+                               const int32_t *ids, int T, int C);
+
 #endif /* EN_CUDA_EMBEDDING_CUH */

@@ -116,11 +116,12 @@ void en_cuda_gemm_destroy(en_cuda_gemm *g) {
 
 /* Largest power of two <= 256 that divides the address (cuBLASLt's
  * heuristic assumes 256 unless told, and views into an arena are often
- * only 4-byte aligned). */
+ * only 4-byte aligned; a view into 16-bit weights (matmul_w16.cu) may be
+ * only 2-byte aligned). */
 static uint32_t align_of(const void *p) {
     const uintptr_t a = (uintptr_t)p;
     uint32_t al = 256;
-    while (al > 4 && a % al != 0) al >>= 1;
+    while (al > 2 && a % al != 0) al >>= 1;
     return al;
 }
 
@@ -346,6 +347,19 @@ static int matmul_lt(en_cuda_gemm *g, cudaStream_t s, cudaDataType_t ab,
         return 1;
     }
     return 0;
+}
+
+int en_cuda_matmul_lt16(en_cuda_gemm *g, cudaStream_t s, cudaDataType_t ab, float *y,
+                        const void *x, const void *w, const float *bias, int M, int N, int K) {
+    return matmul_lt(g, s, ab, CUBLAS_COMPUTE_32F, y, x, w, bias, M, N, K);
+}
+
+int en_cuda_gemm_bwd_x(en_cuda_gemm *g, cudaStream_t s, const char *op, cudaDataType_t ab,
+                       float *dx, const void *dy, int64_t ldy, const void *w, int M, int N,
+                       int K) {
+    /* The dx GEMM of en_cuda_matmul_bwd, with dy's leading dimension. */
+    return lt_gemm(g, s, op, ab, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w, K, dy,
+                   ldy, dx, K, 1, NULL);
 }
 
 /* Elements that n bf16 values take in scratch when another operand follows

@@ -41,4 +41,19 @@ void en_cuda_matmul_bwd(en_cuda_gemm *g, en_cuda_bf16_cache *bf16, cudaStream_t 
                         float *dw, float *db, const float *dy, const float *x, const float *w,
                         int M, int N, int K);
 
+/* For matmul_w16.cu: the GEMMs above on operands already of type ab,
+ * CUBLAS_COMPUTE_32F accumulation (exact fp32 products, whatever the
+ * backend's precision), float32 y / dx and bias.
+ * en_cuda_matmul_lt16: y(M,N) = x(M,K) w(N,K)^T + bias (bias may be NULL),
+ * ab CUDA_R_16BF or CUDA_R_16F.
+ * en_cuda_gemm_bwd_x: dx(M,K) += dy(M,N) w(N,K), dy's rows ldy elements
+ * apart, ab CUDA_R_16BF or CUDA_R_32F.
+ * Each returns 0, having done nothing, when cuBLASLt has no algorithm for
+ * the shape (the caller falls back). */
+int en_cuda_matmul_lt16(en_cuda_gemm *g, cudaStream_t s, cudaDataType_t ab, float *y,
+                        const void *x, const void *w, const float *bias, int M, int N, int K);
+int en_cuda_gemm_bwd_x(en_cuda_gemm *g, cudaStream_t s, const char *op, cudaDataType_t ab,
+                       float *dx, const void *dy, int64_t ldy, const void *w, int M, int N,
+                       int K);
+
 #endif /* EN_CUDA_MATMUL_CUH */
