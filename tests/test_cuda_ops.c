@@ -20,7 +20,10 @@
  *    between attended keys: see test_attention), the matching gradients stay
  *    untouched, stored probabilities are exactly 0 outside each query's keys;
  *  - batch-invariant matmul: every row equals the same row computed alone,
- *    bit for bit; the forward matmul is bit-identical run to run.
+ *    bit for bit; the forward matmul is bit-identical run to run;
+ *  - the 16-bit weight ops (matmul_w16, its bwd_x, embedding_w16) for bf16
+ *    and f16, with their own bounds where the GPU rounds activations
+ *    (W16_REL_BF16, W16_REL_F16).
  * The program ends with a table of the max error of each op.
  *
  * Bounds: |cuda - cpu| <= atol + rtol |cpu| per element (en_test_close_f32),
@@ -109,7 +112,7 @@ typedef struct op_stat {
     double used;    /* max |cuda - cpu| / (atol + rtol |cpu|): 1 = at the bound */
 } op_stat;
 
-#define MAX_OPS 48
+#define MAX_OPS 64
 
 typedef struct harness {
     en_backend *cpu, *dev; /* dev: CUDA, or a second CPU backend (--cpu-as-cuda) */
@@ -1378,6 +1381,190 @@ static void test_edges(harness *h) {
     free(rdx), free(rdw), free(rdb);
 }
 
+/* ============================ 16-bit weights ============================= */
+
+/* Bounds of the 16-bit cuBLASLt paths, which round x (forward, M > 8) or
+ * dy (bf16 input gradient) to the weight's type: max|cuda - cpu| <= REL
+ * times the case's largest |cpu| (or increment). bf16 keeps 8 mantissa
+ * bits (4e-3 relative per element): measured ~1e-3, bound 1e-2 as BF16
+ * mode's; f16 keeps 11 (5e-4): bound 2e-3. The own kernels (M <= 8,
+ * batch-invariant) and f16's input gradient (float32 GEMMs on the widened
+ * weights) are float32 and held to matmul's bound. */
+#define W16_REL_BF16 1e-2
+#define W16_REL_F16 2e-3
+
+static const char *w16_name(int wt) { return wt == EN_WTYPE_BF16 ? "bf16" : "f16"; }
+
+/* n random weights in [-1, 1] rounded to wt. */
+static uint16_t *h_w16(harness *h, size_t n, int wt) {
+    float *f = h_rand(h, n, -1, 1);
+    uint16_t *w = xmalloc(n * sizeof *w);
+    en_f32_to_w16(w, f, n, wt);
+    free(f);
+    return w;
+}
+
+/* A device copy of n 16-bit values, `off` values past the allocation
+ * returned in *base (free that). */
+static uint16_t *d_put16(harness *h, const uint16_t *w, size_t n, size_t off, void **base) {
+    uint16_t *d = en_backend_alloc(h->dev, (n + off) * sizeof *d);
+    if (!d) {
+        fprintf(stderr, "test_cuda_ops: out of device memory for %zu 16-bit values\n", n);
+        abort();
+    }
+    en_backend_upload(h->dev, d + off, w, n * sizeof *d);
+    *base = d;
+    return d + off;
+}
+
+/* unaligned: w 2 bytes and x, y, bias 4 bytes past their allocations (the
+ * own kernel's single loads; cuBLASLt told the alignment). */
+static void test_matmul_w16(harness *h, int wt, int M, int N, int K, int with_bias,
+                            int unaligned) {
+    char name[128];
+    snprintf(name, sizeof name, "matmul_w16 %s M=%d N=%d K=%d%s%s", w16_name(wt), M, N, K,
+             with_bias ? " +bias" : "", unaligned ? " unaligned" : "");
+    const char *op = wt == EN_WTYPE_BF16 ? "matmul_w16 (bf16)" : "matmul_w16 (f16)";
+    const size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    const size_t o = unaligned ? 1 : 0;
+    float *x = h_rand(h, nx, -1, 1), *bias = with_bias ? h_rand(h, (size_t)N, -1, 1) : NULL;
+    uint16_t *w = h_w16(h, nw, wt);
+    float *yc = h_fill(ny, NAN);
+    en_op_matmul_w16(h->cpu, yc, x, w, wt, bias, M, N, K);
+
+    void *wbase = NULL;
+    const uint16_t *dw = d_put16(h, w, nw, o, &wbase);
+    float *dx = d_alloc(h, nx + o), *db = with_bias ? d_alloc(h, (size_t)N + o) : NULL;
+    float *dy = d_alloc(h, ny + o), *dy2 = d_alloc(h, ny + o);
+    en_backend_upload(h->dev, dx + o, x, nx * sizeof(float));
+    if (db) en_backend_upload(h->dev, db + o, bias, (size_t)N * sizeof(float));
+    float *nan = h_fill(ny, NAN);
+    en_backend_upload(h->dev, dy + o, nan, ny * sizeof(float));
+    en_backend_upload(h->dev, dy2 + o, nan, ny * sizeof(float));
+    en_op_matmul_w16(h->dev, dy + o, dx + o, dw, wt, db ? db + o : NULL, M, N, K);
+    en_op_matmul_w16(h->dev, dy2 + o, dx + o, dw, wt, db ? db + o : NULL, M, N, K);
+    float *yd = d_get(h, dy + o, ny), *yd2 = d_get(h, dy2 + o, ny);
+    if (K == 0)
+        compare(h, op, name, yd, yc, ny, 0.0, 0.0); /* y = bias or 0 exactly */
+    else if (M <= 8)                                /* the own float32 kernel */
+        compare(h, op, name, yd, yc, ny, ATOL + MM_ATOL_K * K, RTOL);
+    else
+        compare(h, op, name, yd, yc, ny,
+                (wt == EN_WTYPE_BF16 ? W16_REL_BF16 : W16_REL_F16) * max_diff(yc, NULL, ny), 0.0);
+    same_bits(name, "two runs", yd, yd2, ny);
+    d_free(h, wbase), d_free(h, dx), d_free(h, db), d_free(h, dy), d_free(h, dy2);
+    free(x), free(bias), free(w), free(yc), free(nan), free(yd), free(yd2);
+}
+
+/* Batch-invariant mode: the own float32 kernel for every M; each row
+ * bit-identical to the same row computed alone. */
+static void test_matmul_w16_invariant(harness *h, int wt, int M, int N, int K) {
+    char name[128];
+    snprintf(name, sizeof name, "batch-invariant matmul_w16 %s M=%d N=%d K=%d", w16_name(wt), M,
+             N, K);
+    const size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    float *x = h_rand(h, nx, -1, 1), *bias = h_rand(h, (size_t)N, -1, 1);
+    uint16_t *w = h_w16(h, nw, wt);
+    en_backend_set_batch_invariant(h->cpu, 1);
+    en_backend_set_batch_invariant(h->dev, 1);
+    float *yc = h_fill(ny, NAN);
+    en_op_matmul_w16(h->cpu, yc, x, w, wt, bias, M, N, K);
+    void *wbase = NULL;
+    const uint16_t *dw = d_put16(h, w, nw, 0, &wbase);
+    float *dx = d_put(h, x, nx), *db = d_put(h, bias, (size_t)N), *dy = d_nan(h, ny);
+    float *one = d_alloc(h, (size_t)N);
+    en_op_matmul_w16(h->dev, dy, dx, dw, wt, db, M, N, K);
+    float *yd = d_get(h, dy, ny), *row = xmalloc((size_t)N * sizeof *row);
+    compare(h, "matmul_w16 (invariant)", name, yd, yc, ny, ATOL + MM_ATOL_K * K, RTOL);
+    int same = 1, bad = -1;
+    for (int m = 0; m < M; m += 1 + m / 3) {
+        en_op_matmul_w16(h->dev, one, dx + (size_t)m * K, dw, wt, db, 1, N, K);
+        en_backend_download(h->dev, row, one, (size_t)N * sizeof *row);
+        if (memcmp(row, yd + (size_t)m * N, (size_t)N * sizeof *row) != 0 && same) {
+            same = 0;
+            bad = m;
+        }
+    }
+    CHECK(same, "%s: row %d differs from the same row computed alone", name, bad);
+    en_backend_set_batch_invariant(h->cpu, 0);
+    en_backend_set_batch_invariant(h->dev, 0);
+    d_free(h, wbase), d_free(h, dx), d_free(h, db), d_free(h, dy), d_free(h, one);
+    free(x), free(bias), free(w), free(yc), free(yd), free(row);
+}
+
+/* dx += dy w into dx holding values of the increment's size. */
+static void test_matmul_w16_bwd_x(harness *h, int wt, int M, int N, int K) {
+    char name[128];
+    snprintf(name, sizeof name, "matmul_w16_bwd_x %s M=%d N=%d K=%d", w16_name(wt), M, N, K);
+    const char *op = wt == EN_WTYPE_BF16 ? "matmul_w16_bwd_x (bf16)" : "matmul_w16_bwd_x (f16)";
+    const size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    float *dy = h_rand(h, ny, -1, 1);
+    uint16_t *w = h_w16(h, nw, wt);
+    float *inc = h_fill(nx, 0);
+    en_op_matmul_w16_bwd_x(h->cpu, inc, dy, w, wt, M, N, K);
+    float *pre = grad_pre(h, inc, nx), *gc = h_copy(pre, nx);
+    en_op_matmul_w16_bwd_x(h->cpu, gc, dy, w, wt, M, N, K);
+    void *wbase = NULL;
+    const uint16_t *dw = d_put16(h, w, nw, 0, &wbase);
+    float *d_dy = d_put(h, dy, ny), *gd = d_put(h, pre, nx);
+    en_op_matmul_w16_bwd_x(h->dev, gd, d_dy, dw, wt, M, N, K);
+    float *rd = d_get(h, gd, nx);
+    if (wt == EN_WTYPE_BF16)
+        compare(h, op, name, rd, gc, nx, W16_REL_BF16 * max_diff(gc, pre, nx), 0.0);
+    else
+        compare(h, op, name, rd, gc, nx, ATOL + MM_ATOL_K * N, RTOL);
+    d_free(h, wbase), d_free(h, d_dy), d_free(h, gd);
+    free(dy), free(w), free(inc), free(pre), free(gc), free(rd);
+}
+
+static void test_embedding_w16(harness *h, int wt, int V, int C, int T) {
+    char name[96];
+    snprintf(name, sizeof name, "embedding_w16 %s V=%d C=%d T=%d", w16_name(wt), V, C, T);
+    const size_t nt = (size_t)V * C, n = (size_t)T * C;
+    uint16_t *table = h_w16(h, nt, wt);
+    int32_t *ids = h_ids(h, T, V);
+    if (T > 1) ids[0] = ids[T - 1] = V - 1; /* repeats and the last row */
+    float *yc = h_fill(n, NAN);
+    en_op_embedding_w16(h->cpu, yc, table, wt, ids, T, C);
+    void *tbase = NULL;
+    const uint16_t *dt = d_put16(h, table, nt, 0, &tbase);
+    float *dy = d_nan(h, n);
+    en_op_embedding_w16(h->dev, dy, dt, wt, ids, T, C);
+    memset(ids, 0, (size_t)T * sizeof *ids); /* staged at the call */
+    float *yd = d_get(h, dy, n);
+    compare(h, "embedding_w16", name, yd, yc, n, 0.0, 0.0); /* widening is exact */
+    d_free(h, tbase), d_free(h, dy);
+    free(table), free(ids), free(yc), free(yd);
+}
+
+static void test_w16_all(harness *h) {
+    for (int i = 0; i < 2; i++) {
+        const int wt = i ? EN_WTYPE_F16 : EN_WTYPE_BF16;
+        /* M, N, K, bias, unaligned */
+        test_matmul_w16(h, wt, 1, 1, 1, 1, 0);
+        test_matmul_w16(h, wt, 1, 37, 19, 1, 0);       /* decode: the own kernel */
+        test_matmul_w16(h, wt, 1, 257, 136, 0, 0);     /* K % 8 = 0: 16-byte loads */
+        test_matmul_w16(h, wt, 3, 257, 136, 1, 1);     /* the same, single loads */
+        test_matmul_w16(h, wt, 8, 4096, 1024, 1, 0);   /* largest own-kernel M, large */
+        test_matmul_w16(h, wt, 5, 3, 0, 1, 0);         /* K = 0: y = bias */
+        test_matmul_w16(h, wt, 9, 70, 0, 0, 0);        /* K = 0 past the small-M limit */
+        test_matmul_w16(h, wt, 17, 131, 77, 1, 0);     /* cuBLASLt on rounded x */
+        test_matmul_w16(h, wt, 67, 130, 259, 1, 1);
+        test_matmul_w16(h, wt, 512, 1024, 768, 1, 0); /* large */
+        test_matmul_w16_invariant(h, wt, 37, 131, 77);
+        test_matmul_w16_invariant(h, wt, 129, 1000, 768);
+        test_matmul_w16_bwd_x(h, wt, 1, 37, 19);
+        test_matmul_w16_bwd_x(h, wt, 9, 131, 77);
+        test_matmul_w16_bwd_x(h, wt, 67, 300, 259);
+        test_matmul_w16_bwd_x(h, wt, 512, 1024, 768); /* large */
+        test_embedding_w16(h, wt, 1, 1, 1);
+        test_embedding_w16(h, wt, 50, 301, 71);
+        test_embedding_w16(h, wt, 8000, 2048, 500);
+    }
+    /* f16's input gradient in two float32 panels of w (8 Mi floats each) */
+    test_matmul_w16_bwd_x(h, EN_WTYPE_F16, 3, 5000, 2048);
+}
+
 /* ================================= main ================================== */
 
 static void print_table(const harness *h) {
@@ -1509,6 +1696,8 @@ int main(int argc, char **argv) {
     test_matmul_bwd(&h, 67, 300, 259);
     test_matmul_bwd(&h, 129, 75, 515);
     test_matmul_bwd(&h, 512, 1024, 768); /* large */
+
+    test_w16_all(&h);
 
     /* T, C, eps, |x|, alias */
     test_rmsnorm(&h, 1, 1, 1e-5f, 1, 0);
