@@ -34,8 +34,9 @@
  * microseconds, a decode step calls matmul hundreds of times, so its answer
  * is cached per (types, shape, layout, epilogue, pointer alignment).
  */
-#include <cublasLt.h>
 #include <string.h>
+
+#include "cublaslt_dyn.cuh" /* cuBLASLt, loaded at run time */
 
 #include "bf16.cuh"
 #include "cuda_util.cuh"
@@ -89,6 +90,11 @@ en_status en_cuda_gemm_create(int tf32, en_cuda_gemm **out, en_err *err) {
     en_cuda_gemm *g = (en_cuda_gemm *)en_calloc(1, sizeof *g);
     if (!g) return EN_ERR(err, EN_ERR_NOMEM, "CUDA backend: out of host memory");
     g->compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    en_status ls = en_cublaslt_load(err);
+    if (ls != EN_OK) {
+        en_free(g);
+        return ls;
+    }
     cublasStatus_t st = cublasLtCreate(&g->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         en_free(g);
