@@ -107,7 +107,10 @@ struct en_batch {
     int32_t *kv_rows; /* (max_seqs * max_ctx) */
     float *xsel;      /* (max_seqs, C) last rows of the sequences that want logits */
     float *lg;        /* (max_seqs, V) */
+    int invariant;    /* en_batch_set_invariant */
 };
+
+void en_batch_set_invariant(en_batch *b, int on) { b->invariant = on != 0; }
 
 en_status en_batch_create(en_model *m, int max_tokens, int max_seqs, int max_ctx,
                           en_batch **out, en_err *err) {
@@ -220,10 +223,24 @@ static en_status check_step(const en_batch *b, const en_kv_pool *kv, const en_ba
     return EN_OK;
 }
 
+static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, int n_seqs);
+
 en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs,
                                  int n_seqs, en_err *err) {
     en_status st = check_step(b, kv, seqs, n_seqs, err);
     if (st != EN_OK) return st;
+    /* batch invariance is this batch's choice: the backend's mode is set
+     * for the step and put back after it */
+    en_backend *be = b->m->be;
+    const int was = en_backend_batch_invariant(be);
+    if (b->invariant && !was) en_backend_set_batch_invariant(be, 1);
+    forward_step(b, kv, seqs, n_seqs);
+    if (b->invariant && !was) en_backend_set_batch_invariant(be, 0);
+    return EN_OK;
+}
+
+/* The step itself (checked by check_step). */
+static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, int n_seqs) {
     en_model *m = b->m;
     en_backend *be = m->be;
     const en_model_hparams *hp = &m->hp;
@@ -248,7 +265,7 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
         }
     }
     b->tok_off[n_seqs] = n;
-    if (n == 0) return EN_OK;
+    if (n == 0) return;
 
     en_paged_step pg = {n_seqs, b->tok_off, b->n_keys, b->kv_rows, b->kv_off, b->store_rows,
                         b->k_new, b->v_new};
@@ -267,7 +284,7 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
         if (seqs[s].logits)
             en_backend_copy(be, b->xsel + (size_t)nr++ * C,
                             b->x + (size_t)(b->tok_off[s + 1] - 1) * C, (size_t)C * sizeof(float));
-    if (!nr) return EN_OK;
+    if (!nr) return;
     en_out_norm_fwd(m, b->xsel, b->xsel, nr);
     en_logits_fwd(m, b->lg, b->xsel, nr, V);
     nr = 0;
@@ -275,5 +292,4 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
         if (seqs[s].logits)
             en_backend_download(be, seqs[s].logits, b->lg + (size_t)nr++ * V,
                                 (size_t)V * sizeof(float));
-    return EN_OK;
 }

@@ -264,13 +264,18 @@ typedef struct en_batch_seq {
 typedef struct en_batch en_batch;
 en_status en_batch_create(en_model *m, int max_tokens, int max_seqs, int max_ctx,
                           en_batch **out, en_err *err);
+/* Batch invariance (the server turns it on): every matmul of this batch's
+ * steps computes each row with fixed-order arithmetic, so a sequence's
+ * logits are bit-identical whatever else shares its step. The backend's
+ * own mode is set for each step and restored after it. Off by default. */
+void en_batch_set_invariant(en_batch *b, int on);
 void en_batch_destroy(en_batch *b); /* NULL is a no-op */
 
 /* One forward step over n_seqs sequences (their tokens concatenated, so
  * every weight is read once per step). Per-token work (norms, RoPE,
  * attention over the sequence's own cache) is independent of the rest of
- * the batch; with en_backend_set_batch_invariant the matmuls are too, so
- * each sequence's logits are bit-identical to running it alone.
+ * the batch; with en_batch_set_invariant the matmuls are too, so each
+ * sequence's logits are bit-identical to running it alone.
  * Errors (EN_ERR_ARG, nothing written): too many tokens or sequences, ids
  * out of range, blocks not covering the positions, positions past max_ctx.
  * Not under tensor parallelism (EN_ERR_UNSUPPORTED). */

@@ -699,7 +699,7 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
     e->st.block_size = c.block_size;
     memcpy(e->st.hist_bounds, k_bounds, sizeof k_bounds);
     /* identical requests give identical text whatever shares their batch */
-    en_backend_set_batch_invariant(en_model_get_backend(m), 1);
+    en_batch_set_invariant(e->batch, 1);
     if (pthread_create(&e->thread, NULL, scheduler_main, e) != 0) {
         en_engine_destroy(e);
         return EN_ERR(err, EN_ERR_NOMEM, "cannot start the scheduler thread");
