@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../models/lora.h"
+#include "../models/optim.h"
 #include "../models/train.h"
 #include "cli.h"
 
@@ -58,7 +59,7 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
     int32_t *in = malloc((size_t)B * T * sizeof(int32_t));
     int32_t *tg = malloc((size_t)B * T * sizeof(int32_t));
     double *times = malloc((size_t)(steps + 2) * sizeof(double));
-    float *mo = NULL, *vo = NULL;
+    en_optim *opt = NULL;
     if (!in || !tg || !times) goto done;
     if (lora_rank > 0) {
         en_lora_config lc = {lora_rank, 2.0f * lora_rank, 0x7f};
@@ -75,12 +76,11 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
         goto done;
     }
     size_t np;
-    float *p = en_train_params(t, &np);
-    /* AdamW moments next to the parameters (device memory on a GPU) */
-    mo = en_backend_alloc(cm->be, np * sizeof(float));
-    vo = en_backend_alloc(cm->be, np * sizeof(float));
-    if (!mo || !vo) {
-        en_cli_error(cmd, "out of memory for the AdamW moments of %zu parameters", np);
+    en_train_params(t, &np);
+    /* the core's optimizer, as finetune steps it (one process, no clipping) */
+    en_optim_config oc = {0.9f, 0.999f, 1e-8f, 0.0f, 0.0f, 0};
+    if (en_optim_create(t, cm->model, NULL, &oc, &opt, &err)) {
+        en_cli_error(cmd, "%s", err.msg);
         goto done;
     }
     uint64_t x = 99;
@@ -98,11 +98,10 @@ static int bench_train(const char *cmd, en_cli_model *cm, int B, int T, int step
             en_cli_error(cmd, "%s", err.msg);
             goto done;
         }
-        for (int i = 0; i < en_train_n_tensors(t); i++) {
-            size_t off, ne;
-            en_train_tensor(t, i, NULL, &off, &ne, NULL);
-            en_op_adamw(cm->be, p + off, en_train_grads(t) + off, mo + off, vo + off, ne, 1e-4f,
-                        0.9f, 0.999f, 1e-8f, 0.0f, s + 1);
+        double gnorm;
+        if (en_optim_step(opt, 1e-4f, s + 1, &gnorm, &err)) {
+            en_cli_error(cmd, "%s", err.msg);
+            goto done;
         }
         times[s] = en_time_now() - t0;
     }
@@ -151,8 +150,7 @@ done:
     free(in);
     free(tg);
     free(times);
-    en_backend_free(cm->be, mo);
-    en_backend_free(cm->be, vo);
+    en_optim_destroy(opt);
     en_train_destroy(t);
     if (lora) en_model_set_lora(cm->model, NULL, NULL);
     en_lora_destroy(lora);

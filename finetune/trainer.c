@@ -27,6 +27,7 @@
 #include "../models/lora.h"
 #include "../models/model.h"
 #include "../models/model_impl.h"
+#include "../models/optim.h"
 #include "../models/train.h"
 #include "checkpoint.h"
 #include "report.h"
@@ -215,7 +216,7 @@ typedef struct run {
     en_lora *lora;
     en_dataset *train, *val;
     en_train *tr;
-    float *m, *v; /* AdamW moments, same layout as the trainable params */
+    en_optim *opt; /* AdamW, DP reduction, ZeRO-1, norm and clipping (models/optim.h) */
     size_t n_params;
     int B, T, accum;
     int64_t total_steps, step, epoch, cursor;
@@ -229,10 +230,6 @@ typedef struct run {
     en_comm *comm;  /* borrowed, or own_comm */
     en_comm *own_comm;
     int D, dp_rank, main;
-    size_t shard, lo, hi; /* ZeRO-1: this rank's slice [lo, hi) of the params */
-    float *pad;     /* (shard * D) collective staging */
-    float *gshard;  /* (shard) this rank's reduced gradient slice (ZeRO) */
-    float *vfull;   /* (n_params) ZeRO: gathered second moment for checkpoints */
     /* tensor parallelism: checkpoints hold whole tensors */
     int tp, tp_rank;
     en_param_spec *full_specs; /* the whole model's layout */
@@ -242,46 +239,6 @@ typedef struct run {
     float *tp_tmp;                   /* (largest whole tensor) */
     en_lora *lora_full;              /* TP + LoRA: the whole adapter, for writing */
 } run;
-
-/* Gradient all-reduce in buckets, so that a large model does not need one
- * message of its whole size (and so that a later overlap with the backward
- * pass has its unit). */
-#define EN_DP_BUCKET ((size_t)1 << 22)
-
-static en_status dp_allreduce(run *r, float *buf, size_t n, en_err *err) {
-    for (size_t o = 0; o < n; o += EN_DP_BUCKET)
-        EN_TRY(en_comm_allreduce_sum(r->comm, EN_GROUP_DP, buf + o,
-                                     n - o < EN_DP_BUCKET ? n - o : EN_DP_BUCKET, err));
-    return EN_OK;
-}
-
-/* ZeRO-1: gather every rank's shard of `src` (shard floats each, this rank's
- * at src_shard) into dst (n floats). */
-static en_status dp_gather(run *r, const float *src_shard, float *dst, size_t n, en_err *err) {
-    EN_TRY(en_comm_allgather(r->comm, EN_GROUP_DP, src_shard, r->pad, r->shard, err));
-    memcpy(dst, r->pad, n * sizeof(float));
-    return EN_OK;
-}
-
-/* Sum of squares of the gradient elements [lo, hi) of the flat trainable
- * vector, held at g (g[0] is element lo): sq[0] over tensors split across
- * the tensor-parallel ranks (each rank holds a different part, so the TP
- * group sums them), sq[1] over tensors every rank holds whole (counted
- * once). */
-static void grad_sumsq(run *r, const float *g, size_t lo, size_t hi, double sq[2]) {
-    sq[0] = sq[1] = 0;
-    for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
-        const char *name;
-        size_t off, ne;
-        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
-        size_t a0 = off > lo ? off : lo, a1 = off + ne < hi ? off + ne : hi;
-        if (a0 >= a1) continue;
-        int split = r->tp > 1 ? en_model_tp_split(r->model, name) : 0;
-        /* a replicated kv head's block is on several ranks: count it once */
-        double reps = r->tp > 1 ? (double)en_model_tp_replicas(r->model, name) : 1.0;
-        sq[split ? 0 : 1] += en_op_sumsq(r->be, g + (a0 - lo), a1 - a0) / reps;
-    }
-}
 
 /* Tensor parallelism: assemble whole tensors from every rank's shards
  * (local layout of this rank -> the whole model's layout). Rows-split
@@ -448,13 +405,8 @@ static en_status save_checkpoint(run *r, en_err *err) {
     /* The checkpoint holds the full moments whatever the layout, so a run
      * resumes under any data-parallel size: with ZeRO gather them first
      * (every rank takes part), then rank 0 writes. */
-    float *mfull = r->m, *vfull = r->v;
-    if (r->cfg->zero && r->D > 1) {
-        EN_TRY(dp_gather(r, r->v, r->vfull, r->n_params, err));
-        EN_TRY(en_comm_allgather(r->comm, EN_GROUP_DP, r->m, r->pad, r->shard, err));
-        mfull = r->pad;
-        vfull = r->vfull;
-    }
+    const float *mfull, *vfull;
+    EN_TRY(en_optim_moments(r->opt, &mfull, &vfull, err));
     if (r->tp > 1) { /* whole tensors, whatever the tensor-parallel layout */
         size_t np;
         EN_TRY(tp_gather(r, en_train_params(r->tr, &np), r->full_p, err));
@@ -603,15 +555,15 @@ static en_status load_checkpoint(run *r, en_err *err) {
         /* the model's weights through the core's loader (fused and sliced
          * as its family stores them); the adapter's by name */
         s = r->lora ? load_tensors(r, wp, "", p, 1, err) : en_model_load_weights(r->model, wp, err);
-        if (r->cfg->zero && r->D > 1) { /* full moments in the file: keep this rank's slice */
-            if (s == EN_OK) s = load_tensors(r, op, "m.", r->pad, 0, err);
-            if (s == EN_OK) memcpy(r->m, r->pad + r->lo, (r->hi - r->lo) * sizeof(float));
-            if (s == EN_OK) s = load_tensors(r, op, "v.", r->pad, 0, err);
-            if (s == EN_OK) memcpy(r->v, r->pad + r->lo, (r->hi - r->lo) * sizeof(float));
-        } else {
-            if (s == EN_OK) s = load_tensors(r, op, "m.", r->m, 0, err);
-            if (s == EN_OK) s = load_tensors(r, op, "v.", r->v, 0, err);
-        }
+        /* full moments in the file: the optimizer keeps its part */
+        float *mw = en_malloc((np ? np : 1) * sizeof(float));
+        float *vw = en_malloc((np ? np : 1) * sizeof(float));
+        if (s == EN_OK && (!mw || !vw)) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        if (s == EN_OK) s = load_tensors(r, op, "m.", mw, 0, err);
+        if (s == EN_OK) s = load_tensors(r, op, "v.", vw, 0, err);
+        if (s == EN_OK) en_optim_set_moments(r->opt, mw, vw);
+        en_free(mw);
+        en_free(vw);
     }
     if (s == EN_OK && r->main)
         en_log(EN_LOG_INFO, "resuming from %s (step %lld, epoch %lld)", dir, (long long)r->step,
@@ -683,14 +635,10 @@ static void run_free(run *r) {
     en_progress_destroy(r->progress);
     en_metrics_close(r->metrics);
     en_train_destroy(r->tr);
-    en_free(r->m);
-    en_free(r->v);
+    en_optim_destroy(r->opt);
     en_free(r->perm);
     en_free(r->inputs);
     en_free(r->targets);
-    en_free(r->pad);
-    en_free(r->gshard);
-    en_free(r->vfull);
     en_free(r->full_specs);
     en_free(r->full_p);
     en_free(r->full_m);
@@ -874,29 +822,9 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     float *params = en_train_params(r->tr, &r->n_params);
     (void)params;
     /* AdamW moments: all of them, or with ZeRO-1 this rank's slice */
-    size_t n_mom = r->n_params;
-    if (r->D > 1) {
-        r->shard = (r->n_params + (size_t)r->D - 1) / (size_t)r->D;
-        r->lo = r->shard * (size_t)r->dp_rank;
-        if (r->lo > r->n_params) r->lo = r->n_params;
-        r->hi = r->lo + r->shard > r->n_params ? r->n_params : r->lo + r->shard;
-        r->pad = en_calloc(r->shard * (size_t)r->D, sizeof(float));
-        if (!r->pad) {
-            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        if (cfg->zero) {
-            n_mom = r->shard;
-            r->gshard = en_calloc(r->shard, sizeof(float));
-            r->vfull = en_calloc(r->n_params, sizeof(float));
-            if (!r->gshard || !r->vfull) {
-                s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-        }
-    }
-    r->m = en_calloc(n_mom, sizeof(float));
-    r->v = en_calloc(n_mom, sizeof(float));
+    en_optim_config oc = {cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip,
+                          cfg->zero};
+    if ((s = en_optim_create(r->tr, r->model, r->comm, &oc, &r->opt, err)) != EN_OK) goto fail;
     if (r->tp > 1) { /* whole-model buffers for layout-free checkpoints */
         if (r->lora_full) { /* the whole adapter's layout */
             size_t nl;
@@ -943,7 +871,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     r->perm = en_malloc((size_t)nw * sizeof(int64_t));
     r->inputs = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
     r->targets = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
-    if (!r->m || !r->v || !r->perm || !r->inputs || !r->targets) {
+    if (!r->perm || !r->inputs || !r->targets) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for the optimizer state");
         goto fail;
     }
@@ -1027,62 +955,13 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
                        loss, (long long)r->step + 1, (double)cfg->lr);
             goto fail;
         }
-        /* Sum the gradients over the data-parallel ranks (each rank's is
-         * already scaled by 1 / the global token count), clip by the global
-         * norm, then AdamW: on every parameter, or with ZeRO-1 on this
-         * rank's slice followed by an all-gather of the parameters. */
-        float *g = en_train_grads(r->tr);
-        size_t np;
-        float *p = en_train_params(r->tr, &np);
-        float lr = lr_at(r, r->step);
+        /* the core's optimizer: data-parallel sum (each rank's gradient is
+         * already scaled by 1 / the global token count), global norm,
+         * clipping, AdamW (ZeRO-1: on this rank's slice, then the
+         * parameters' all-gather) */
         double gnorm;
-        const int zero = cfg->zero && r->D > 1;
-        if (!zero) {
-            if ((s = dp_allreduce(r, g, np, err)) != EN_OK) goto fail;
-            double sq[2];
-            grad_sumsq(r, g, 0, np, sq);
-            if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_TP, sq, 1, err)) != EN_OK)
-                goto fail;
-            gnorm = sqrt(sq[0] + sq[1]);
-            if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
-                en_op_scale(r->be, g, (float)(cfg->grad_clip / gnorm), np);
-            for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
-                size_t off, ne;
-                int decay;
-                en_train_tensor(r->tr, i, NULL, &off, &ne, &decay);
-                en_op_adamw(r->be, p + off, g + off, r->m + off, r->v + off, ne, lr, cfg->beta1,
-                            cfg->beta2, cfg->eps, decay ? cfg->weight_decay : 0.0f,
-                            (int)(r->step + 1));
-            }
-        } else {
-            memcpy(r->pad, g, np * sizeof(float));
-            memset(r->pad + np, 0, (r->shard * (size_t)r->D - np) * sizeof(float));
-            if ((s = en_comm_reduce_scatter_sum(r->comm, EN_GROUP_DP, r->pad, r->gshard, r->shard,
-                                                err)) != EN_OK)
-                goto fail;
-            double sq[2];
-            grad_sumsq(r, r->gshard, r->lo, r->hi, sq);
-            if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, sq, 2, err)) != EN_OK ||
-                (s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_TP, sq, 1, err)) != EN_OK)
-                goto fail;
-            gnorm = sqrt(sq[0] + sq[1]);
-            if (cfg->grad_clip > 0 && gnorm > cfg->grad_clip)
-                en_op_scale(r->be, r->gshard, (float)(cfg->grad_clip / gnorm), r->shard);
-            for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
-                size_t off, ne;
-                int decay;
-                en_train_tensor(r->tr, i, NULL, &off, &ne, &decay);
-                size_t a0 = off > r->lo ? off : r->lo, a1 = off + ne < r->hi ? off + ne : r->hi;
-                if (a0 >= a1) continue; /* tensor outside this rank's slice */
-                en_op_adamw(r->be, p + a0, r->gshard + (a0 - r->lo), r->m + (a0 - r->lo),
-                            r->v + (a0 - r->lo), a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps,
-                            decay ? cfg->weight_decay : 0.0f, (int)(r->step + 1));
-            }
-            /* every rank gets the updated parameters (send a padded copy) */
-            memset(r->gshard, 0, r->shard * sizeof(float));
-            memcpy(r->gshard, p + r->lo, (r->hi - r->lo) * sizeof(float));
-            if ((s = dp_gather(r, r->gshard, p, np, err)) != EN_OK) goto fail;
-        }
+        const float lr = lr_at(r, r->step);
+        if ((s = en_optim_step(r->opt, lr, r->step + 1, &gnorm, err)) != EN_OK) goto fail;
         r->step++;
         r->tokens_seen += per_step * r->T;
         tokens_run += per_step * r->T;
