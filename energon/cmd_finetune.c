@@ -253,6 +253,15 @@ int en_cmd_finetune(int argc, char **argv) {
     }
     c.comm = comm;
     c.zero = zero;
+    /* the one backend of the run, handed to the trainer */
+    en_backend_config bc = en_backend_config_default();
+    bc.n_threads = c.n_threads;
+    if (en_backend_cpu_create(&bc, &c.backend, &err) != EN_OK) {
+        en_cli_error(CMD, "%s", err.msg);
+        if (keep) en_finetune_config_free(keep);
+        en_comm_destroy(comm);
+        return EN_EXIT_ERROR;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -260,6 +269,7 @@ int en_cmd_finetune(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     en_finetune_result res;
     en_status s = en_finetune_run(&c, resume != NULL, &g_stop, &res, &err);
+    en_backend_destroy(c.backend);
     if (keep) en_finetune_config_free(keep);
     int rank = comm ? en_comm_rank(comm, EN_GROUP_WORLD) : 0;
     en_comm_destroy(comm);

@@ -652,7 +652,6 @@ static void run_free(run *r) {
     en_model_destroy(r->model);
     en_chat_template_destroy(r->tmpl);
     en_tokenizer_destroy(r->tok);
-    en_backend_destroy(r->be);
     en_comm_destroy(r->own_comm);
 }
 
@@ -735,9 +734,11 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     r->D = en_comm_size(r->comm, EN_GROUP_DP);
     r->dp_rank = en_comm_rank(r->comm, EN_GROUP_DP);
     r->main = en_comm_rank(r->comm, EN_GROUP_WORLD) == 0;
-    en_backend_config bc = en_backend_config_default();
-    bc.n_threads = cfg->n_threads;
-    if ((s = en_backend_cpu_create(&bc, &r->be, err)) != EN_OK) goto fail;
+    r->be = cfg->backend; /* borrowed: the front end made it */
+    if (!r->be) {
+        s = EN_ERR(err, EN_ERR_ARG, "en_finetune_run: no backend");
+        goto fail;
+    }
     if ((s = en_tokenizer_load(cfg->model_dir, &r->tok, err)) != EN_OK) goto fail;
     if ((s = load_template(cfg, r->tok, &r->tmpl, err)) != EN_OK) goto fail;
     en_model_params mp = en_model_params_default();

@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "../common/backend.h"
 #include "../common/comm.h"
 #include "../common/status.h"
 #include "data.h"
@@ -67,6 +68,10 @@ typedef struct en_finetune_config {
      * moments across the ranks (ZeRO stage 1). Rank 0 writes the run files. */
     en_comm *comm;
     int zero;
+    /* The backend the run computes on: created once by the front end and
+     * borrowed (it must outlive the run); nothing below creates another.
+     * Required. Not saved in run.json. */
+    en_backend *backend;
 } en_finetune_config;
 
 en_finetune_config en_finetune_config_default(void);
