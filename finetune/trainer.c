@@ -302,9 +302,10 @@ static void tp_slice(run *r, const char *name, const float *whole, const en_para
     }
 }
 
-/* Items for the whole model's tensors at base (HF shapes when shaped). */
+/* Items for the whole model's tensors at base, flat (the optimizer moments
+ * of a tensor-parallel run; the weights go through en_model_file_items). */
 static en_st_writer_item *full_items(run *r, const float *base, const char *prefix,
-                                     char (*names)[160], int shaped) {
+                                     char (*names)[160]) {
     en_st_writer_item *items = en_calloc((size_t)r->n_full_specs, sizeof *items);
     if (!items) return NULL;
     for (int i = 0; i < r->n_full_specs; i++) {
@@ -312,8 +313,8 @@ static en_st_writer_item *full_items(run *r, const float *base, const char *pref
         snprintf(names[i], 160, "%s%s", prefix, fs->name);
         items[i].name = names[i];
         items[i].dtype = EN_DTYPE_F32;
-        items[i].n_dims = shaped ? fs->n_dims : 1;
-        items[i].shape[0] = shaped ? fs->shape[0] : (int64_t)fs->n_elem;
+        items[i].n_dims = 1;
+        items[i].shape[0] = (int64_t)fs->n_elem;
         items[i].shape[1] = fs->shape[1];
         items[i].data = base + fs->offset;
     }
@@ -451,10 +452,10 @@ static en_status save_checkpoint(run *r, en_err *err) {
         char(*mn)[160] = en_calloc((size_t)nn * 2, 160);
         en_st_writer_item *all = en_calloc((size_t)nn * 2, sizeof *all);
         en_st_writer_item *im = !mn ? NULL
-                                : tpw ? full_items(r, r->full_m, "m.", mn, 0)
+                                : tpw ? full_items(r, r->full_m, "m.", mn)
                                       : param_items(r, mfull, "m.", mn);
         en_st_writer_item *iv = !mn ? NULL
-                                : tpw ? full_items(r, r->full_v, "v.", mn + nn, 0)
+                                : tpw ? full_items(r, r->full_v, "v.", mn + nn)
                                       : param_items(r, vfull, "v.", mn + nn);
         if (!mn || !all || !im || !iv) {
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");

@@ -89,10 +89,12 @@ en_status en_tp_local_hparams(const en_model_hparams *hp, int tp, const char *pa
 static int lora_factor(const char *name, char *base, size_t cap) {
     static const char prefix[] = "base_model.model.";
     size_t n = strlen(name), p = strlen(prefix);
-    if (n < 14 || strncmp(name + n - 14, ".lora_A.weight", 14) != 0) {
-        if (n < 14 || strncmp(name + n - 14, ".lora_B.weight", 14) != 0) return 0;
-    }
-    int ab = name[n - 8];
+    if (n < 14) return 0;
+    const char *tail = name + n - 14; /* ".lora_A.weight" or ".lora_B.weight" */
+    int ab = tail[6];
+    if (strncmp(tail, ".lora_", 6) != 0 || (ab != 'A' && ab != 'B') ||
+        strcmp(tail + 7, ".weight") != 0)
+        return 0;
     const char *s = strncmp(name, prefix, p) == 0 ? name + p : name;
     snprintf(base, cap, "%.*s.weight", (int)(name + n - 14 - s), s);
     return ab;
