@@ -28,6 +28,8 @@ const char *en_backend_name(const en_backend *be) { return be->name; }
 
 int en_backend_n_threads(const en_backend *be) { return be->n_threads; }
 
+int en_backend_host_memory(const en_backend *be) { return be->host_memory; }
+
 /* ---- buffers ---- */
 
 void *en_backend_alloc(en_backend *be, size_t bytes) {

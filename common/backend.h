@@ -62,9 +62,24 @@ en_status en_backend_cpu_create(const en_backend_config *cfg, en_backend **out, 
  * with EN_ERR_ARG when cfg->precision is not an en_precision. */
 en_status en_backend_cuda_create(int dev, const en_backend_config *cfg, en_backend **out,
                                  en_err *err);
+/* The number of CUDA GPUs this process sees (after CUDA_VISIBLE_DEVICES):
+ * 0 in a build without CUDA, on a machine without a GPU or driver, or on
+ * any CUDA error (which it clears). Never aborts. Front ends use it to give
+ * each rank of a job its GPU (rank mod count). */
+int en_backend_cuda_device_count(void);
+/* The cudaStream_t on which a CUDA backend runs every op (borrowed: it lives
+ * as long as be), for a communicator that must order its collectives with
+ * the ops (en_comm_create_nccl); NULL for any other backend, NULL be, or a
+ * build without CUDA. */
+void *en_backend_cuda_stream(en_backend *be);
 void en_backend_destroy(en_backend *be); /* NULL is a no-op */
 const char *en_backend_name(const en_backend *be);
 int en_backend_n_threads(const en_backend *be);
+/* 1 when this backend's buffers are host memory that the caller may read
+ * and write directly (the CPU backend), so a host copy can be skipped; 0
+ * for device memory (CUDA, and the tests' guard backend), which only
+ * en_backend_upload / download reach. */
+int en_backend_host_memory(const en_backend *be);
 
 /* Batch-invariant mode (the server turns it on): every output row of
  * en_op_matmul is computed with the same fixed-order arithmetic whatever the

@@ -1095,6 +1095,7 @@ en_status en_backend_cpu_create(const en_backend_config *cfg, en_backend **out, 
     ctx->w16_simd = en_cpu_w16_simd_available();
     be->ops = &cpu_ops;
     be->name = "cpu";
+    be->host_memory = 1;
     /* The getter reports the count in effect, not 0. */
     be->n_threads = c.n_threads > 0 ? c.n_threads : omp_get_max_threads();
     be->ctx = ctx;

@@ -26,9 +26,10 @@
 #include "../models/convert.h"
 #include "../models/lora.h"
 #include "../models/model.h"
-#include "../models/model_impl.h"
 #include "../models/optim.h"
+#include "../models/parallel.h"
 #include "../models/train.h"
+#include "../models/whole.h"
 #include "checkpoint.h"
 #include "report.h"
 
@@ -226,100 +227,13 @@ typedef struct run {
     en_progress *progress;
     double t_start;
     int64_t tokens_seen;
-    /* data parallelism */
-    en_comm *comm;  /* borrowed, or own_comm */
-    en_comm *own_comm;
-    int D, dp_rank, main;
-    /* tensor parallelism: checkpoints hold whole tensors */
-    int tp, tp_rank;
-    en_param_spec *full_specs; /* the whole model's layout */
-    int n_full_specs;
-    size_t n_full;
-    float *full_p, *full_m, *full_v; /* (n_full) gathered for writing */
-    float *tp_tmp;                   /* (largest whole tensor) */
-    en_lora *lora_full;              /* TP + LoRA: the whole adapter, for writing */
+    /* the parallel layout (one process: NULL comm) */
+    en_comm *comm; /* borrowed */
+    en_parallel par;
+    int D, dp_rank, main, tp;
+    en_whole *whole; /* whole tensors for layout-free checkpoints */
+    const float *p_whole; /* the parameters the last checkpoint gathered */
 } run;
-
-/* Tensor parallelism: assemble whole tensors from every rank's shards
- * (local layout of this rank -> the whole model's layout). Rows-split
- * shards concatenate; columns-split ones interleave row by row. */
-static en_status tp_gather(run *r, const float *local, float *full, en_err *err) {
-    for (int i = 0; i < en_train_n_tensors(r->tr); i++) {
-        const char *name;
-        size_t off, ne;
-        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
-        const en_param_spec *fs = &r->full_specs[i];
-        int split = en_model_tp_split(r->model, name);
-        float *dst = full + fs->offset;
-        if (split == 0) {
-            memcpy(dst, local + off, ne * sizeof(float));
-        } else if (split == 1 && en_model_is_vocab_tensor(r->model, name)) {
-            /* padded vocabulary: gather every rank's rows, keep vocab_size */
-            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, r->tp_tmp, ne, err));
-            memcpy(dst, r->tp_tmp, fs->n_elem * sizeof(float));
-        } else if (split == 1 && en_model_tp_replicas(r->model, name) > 1) {
-            /* replicated kv heads: head h comes from its first rank */
-            int reps = en_model_tp_replicas(r->model, name), parts, idx;
-            en_model_tp_row_block(r->model, name, &parts, &idx);
-            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, r->tp_tmp, ne, err));
-            for (int h = 0; h < parts; h++)
-                memcpy(dst + (size_t)h * ne, r->tp_tmp + (size_t)h * reps * ne,
-                       ne * sizeof(float));
-        } else if (split == 1) {
-            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, dst, ne, err));
-        } else {
-            EN_TRY(en_comm_allgather(r->comm, EN_GROUP_TP, local + off, r->tp_tmp, ne, err));
-            size_t rows = (size_t)fs->shape[0], cl = ne / rows, cols = (size_t)fs->shape[1];
-            for (int k = 0; k < r->tp; k++)
-                for (size_t rr = 0; rr < rows; rr++)
-                    memcpy(dst + rr * cols + (size_t)k * cl, r->tp_tmp + (size_t)k * ne + rr * cl,
-                           cl * sizeof(float));
-        }
-    }
-    return EN_OK;
-}
-
-/* This rank's slice of a whole tensor (the inverse of tp_gather). */
-static void tp_slice(run *r, const char *name, const float *whole, const en_param_spec *fs,
-                     float *dst, size_t ne) {
-    int split = en_model_tp_split(r->model, name);
-    if (r->tp == 1 || split == 0) {
-        memcpy(dst, whole, ne * sizeof(float));
-    } else if (split == 1 && en_model_is_vocab_tensor(r->model, name)) {
-        /* this rank's vocab rows; past vocab_size (padding) zero */
-        size_t v0 = (size_t)r->tp_rank * ne, have = v0 >= fs->n_elem ? 0 : fs->n_elem - v0;
-        if (have > ne) have = ne;
-        memcpy(dst, whole + v0, have * sizeof(float));
-        memset(dst + have, 0, (ne - have) * sizeof(float));
-    } else if (split == 1) {
-        int parts, idx;
-        en_model_tp_row_block(r->model, name, &parts, &idx);
-        memcpy(dst, whole + (size_t)idx * ne, ne * sizeof(float));
-    } else {
-        size_t rows = (size_t)fs->shape[0], cl = ne / rows, cols = (size_t)fs->shape[1];
-        for (size_t rr = 0; rr < rows; rr++)
-            memcpy(dst + rr * cl, whole + rr * cols + (size_t)r->tp_rank * cl, cl * sizeof(float));
-    }
-}
-
-/* Items for the whole model's tensors at base, flat (the optimizer moments
- * of a tensor-parallel run; the weights go through en_model_file_items). */
-static en_st_writer_item *full_items(run *r, const float *base, const char *prefix,
-                                     char (*names)[160]) {
-    en_st_writer_item *items = en_calloc((size_t)r->n_full_specs, sizeof *items);
-    if (!items) return NULL;
-    for (int i = 0; i < r->n_full_specs; i++) {
-        const en_param_spec *fs = &r->full_specs[i];
-        snprintf(names[i], 160, "%s%s", prefix, fs->name);
-        items[i].name = names[i];
-        items[i].dtype = EN_DTYPE_F32;
-        items[i].n_dims = 1;
-        items[i].shape[0] = (int64_t)fs->n_elem;
-        items[i].shape[1] = fs->shape[1];
-        items[i].data = base + fs->offset;
-    }
-    return items;
-}
 
 static void warn_cb(const char *msg, void *user) {
     (void)user;
@@ -376,143 +290,89 @@ static en_status evaluate(run *r, double *val_loss, en_err *err) {
         cnt += n;
     }
     double red[2] = {sum, (double)cnt};
-    EN_TRY(en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, red, 2, err));
+    EN_TRY(en_parallel_dp_sum(r->comm, red, 2, err));
     if (red[1] > 0) *val_loss = red[0] / red[1];
     return EN_OK;
 }
 
-/* Items of the trainable tensors (host views; CPU backend). */
-static en_st_writer_item *param_items(run *r, const float *base, const char *prefix,
-                                      char (*names)[160]) {
-    int n = en_train_n_tensors(r->tr);
-    en_st_writer_item *items = en_calloc((size_t)n, sizeof *items);
-    if (!items) return NULL;
-    for (int i = 0; i < n; i++) {
-        const char *name;
-        size_t off, ne;
-        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
-        snprintf(names[i], 160, "%s%s", prefix, name);
-        items[i].name = names[i];
-        items[i].dtype = EN_DTYPE_F32;
-        items[i].n_dims = 1;
-        items[i].shape[0] = (int64_t)ne;
-        items[i].data = base + off;
+/* The weights (model.safetensors as the family stores them) or the
+ * adapter (PEFT files) from the whole parameter vector p. */
+static en_status write_weights(run *r, en_ckpt_writer *w, const float *p, en_err *err) {
+    if (r->lora) {
+        EN_TRY(en_lora_save_peft(en_whole_adapter(r->whole, p), r->cfg->model_dir,
+                                 en_ckpt_writer_dir(w), err));
+        EN_TRY(en_ckpt_add_existing(w, "adapter_config.json", err));
+        return en_ckpt_add_existing(w, "adapter_model.safetensors", err);
     }
-    return items;
+    en_st_writer_item *it;
+    float *scratch;
+    int n_it = en_whole_model_items(r->whole, p, &it, &scratch);
+    en_status s = n_it >= 0 ? en_ckpt_write_safetensors(w, "model.safetensors", it, n_it, err)
+                            : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    en_free(it);
+    en_free(scratch);
+    return s;
 }
 
+/* optimizer.safetensors: m.NAME and v.NAME, whole tensors. */
+static en_status write_moments(run *r, en_ckpt_writer *w, const float *m, const float *v,
+                               en_err *err) {
+    const int n = en_train_n_tensors(r->tr);
+    char(*names)[160] = en_calloc((size_t)n * 2 + 1, 160);
+    int nm = 0, nv = 0;
+    en_st_writer_item *im = names ? en_whole_items(r->whole, m, "m.", names, &nm) : NULL;
+    en_st_writer_item *iv = names ? en_whole_items(r->whole, v, "v.", names + n, &nv) : NULL;
+    en_st_writer_item *all = en_calloc((size_t)n * 2 + 1, sizeof *all);
+    en_status s = EN_OK;
+    if (!names || !im || !iv || !all) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    } else {
+        memcpy(all, im, (size_t)nm * sizeof *all);
+        memcpy(all + nm, iv, (size_t)nv * sizeof *all);
+        s = en_ckpt_write_safetensors(w, "optimizer.safetensors", all, nm + nv, err);
+    }
+    en_free(names);
+    en_free(im);
+    en_free(iv);
+    en_free(all);
+    return s;
+}
+
+static en_status write_state(run *r, en_ckpt_writer *w, en_err *err) {
+    char buf[512];
+    int len = snprintf(buf, sizeof buf,
+                       "{\"magic\":\"%s\",\"version\":%d,\"step\":%lld,\"epoch\":%lld,"
+                       "\"cursor\":%lld,\"seed\":%llu,\"tokens_seen\":%lld,\"lora\":%s}\n",
+                       STATE_MAGIC, STATE_VERSION, (long long)r->step, (long long)r->epoch,
+                       (long long)r->cursor, (unsigned long long)r->cfg->seed,
+                       (long long)r->tokens_seen, r->lora ? "true" : "false");
+    return en_ckpt_write_file(w, "trainer_state.json", buf, (size_t)len, err);
+}
+
+/* A checkpoint holds whole tensors (the weights or adapter and the full
+ * moments) whatever the layout, so a run resumes under any data- and
+ * tensor-parallel size: every rank takes part in gathering them (ZeRO's
+ * moment shards, tensor-parallel parts, a device's memory), then rank 0
+ * writes. r->p_whole keeps the gathered parameters for write_final. */
 static en_status save_checkpoint(run *r, en_err *err) {
     const en_finetune_config *c = r->cfg;
-    /* The checkpoint holds the full moments whatever the layout, so a run
-     * resumes under any data-parallel size: with ZeRO gather them first
-     * (every rank takes part), then rank 0 writes. */
-    const float *mfull, *vfull;
-    EN_TRY(en_optim_moments(r->opt, &mfull, &vfull, err));
-    if (r->tp > 1) { /* whole tensors, whatever the tensor-parallel layout */
-        size_t np;
-        EN_TRY(tp_gather(r, en_train_params(r->tr, &np), r->full_p, err));
-        EN_TRY(tp_gather(r, mfull, r->full_m, err));
-        EN_TRY(tp_gather(r, vfull, r->full_v, err));
-    }
+    const float *ml, *vl, *m, *v;
+    size_t np;
+    EN_TRY(en_optim_moments(r->opt, &ml, &vl, err));
+    EN_TRY(en_whole_gather(r->whole, 0, en_train_params(r->tr, &np), &r->p_whole, err));
+    EN_TRY(en_whole_gather(r->whole, 1, ml, &m, err));
+    EN_TRY(en_whole_gather(r->whole, 2, vl, &v, err));
     if (!r->main) return EN_OK;
     en_ckpt_writer *w = NULL;
     EN_TRY(en_ckpt_begin(c->run_dir, r->step, &w, err));
-    int n = en_train_n_tensors(r->tr);
-    char(*names)[160] = en_calloc((size_t)n, 160);
-    en_status s = names ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-    /* weights or adapter */
-    if (s == EN_OK && r->lora) {
-        const en_lora *whole = r->lora;
-        if (r->lora_full) { /* gathered into full_p above */
-            size_t nl;
-            memcpy(en_lora_data(r->lora_full, &nl), r->full_p, r->n_full * sizeof(float));
-            whole = r->lora_full;
-        }
-        s = en_lora_save_peft(whole, c->model_dir, en_ckpt_writer_dir(w), err);
-        if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_config.json", err);
-        if (s == EN_OK) s = en_ckpt_add_existing(w, "adapter_model.safetensors", err);
-    } else if (s == EN_OK && r->tp > 1) {
-        en_st_writer_item *it;
-        float *scratch;
-        int n_it = en_model_file_items(r->full_specs, r->n_full_specs, r->full_p, &it, &scratch);
-        s = n_it >= 0 ? en_ckpt_write_safetensors(w, "model.safetensors", it, n_it, err)
-                      : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-        en_free(it);
-        en_free(scratch);
-    } else if (s == EN_OK) {
-        char *path = en_path_join(en_ckpt_writer_dir(w), "model.safetensors");
-        s = path ? en_model_save_safetensors(r->model, path, err)
-                 : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-        en_free(path);
-        if (s == EN_OK) s = en_ckpt_add_existing(w, "model.safetensors", err);
-    }
-    /* optimizer moments: whole tensors under tensor parallelism */
-    if (s == EN_OK) {
-        const int tpw = r->tp > 1, nn = tpw ? r->n_full_specs : n;
-        char(*mn)[160] = en_calloc((size_t)nn * 2, 160);
-        en_st_writer_item *all = en_calloc((size_t)nn * 2, sizeof *all);
-        en_st_writer_item *im = !mn ? NULL
-                                : tpw ? full_items(r, r->full_m, "m.", mn)
-                                      : param_items(r, mfull, "m.", mn);
-        en_st_writer_item *iv = !mn ? NULL
-                                : tpw ? full_items(r, r->full_v, "v.", mn + nn)
-                                      : param_items(r, vfull, "v.", mn + nn);
-        if (!mn || !all || !im || !iv) {
-            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-        } else {
-            memcpy(all, im, (size_t)nn * sizeof *all);
-            memcpy(all + nn, iv, (size_t)nn * sizeof *all);
-            s = en_ckpt_write_safetensors(w, "optimizer.safetensors", all, 2 * nn, err);
-        }
-        en_free(mn);
-        en_free(all);
-        en_free(im);
-        en_free(iv);
-    }
-    /* trainer state */
-    if (s == EN_OK) {
-        char buf[512];
-        int len = snprintf(buf, sizeof buf,
-                           "{\"magic\":\"%s\",\"version\":%d,\"step\":%lld,\"epoch\":%lld,"
-                           "\"cursor\":%lld,\"seed\":%llu,\"tokens_seen\":%lld,\"lora\":%s}\n",
-                           STATE_MAGIC, STATE_VERSION, (long long)r->step, (long long)r->epoch,
-                           (long long)r->cursor, (unsigned long long)c->seed,
-                           (long long)r->tokens_seen, r->lora ? "true" : "false");
-        s = en_ckpt_write_file(w, "trainer_state.json", buf, (size_t)len, err);
-    }
-    en_free(names);
+    en_status s = write_weights(r, w, r->p_whole, err);
+    if (s == EN_OK) s = write_moments(r, w, m, v, err);
+    if (s == EN_OK) s = write_state(r, w, err);
     if (s != EN_OK) {
         en_ckpt_abort(w);
         return s;
     }
     return en_ckpt_commit(w, c->keep, err);
-}
-
-/* Copy tensors named prefix+name from a safetensors file into base. */
-static en_status load_tensors(run *r, const char *path, const char *prefix, float *base,
-                              int lora_names, en_err *err) {
-    en_st_file f;
-    EN_TRY(en_st_open(path, &f, err));
-    en_status s = EN_OK;
-    for (int i = 0; i < en_train_n_tensors(r->tr) && s == EN_OK; i++) {
-        const char *name;
-        size_t off, ne;
-        en_train_tensor(r->tr, i, &name, &off, &ne, NULL);
-        char key[200];
-        snprintf(key, sizeof key, "%s%s", prefix, name);
-        const en_st_tensor *t = en_st_find(&f, key);
-        (void)lora_names;
-        size_t whole = r->tp > 1 ? r->full_specs[i].n_elem : ne;
-        if (!t || (size_t)t->n_elem != whole)
-            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing or has the wrong size",
-                       path, key);
-        else if (r->tp == 1)
-            s = en_st_to_f32(t, base + off, err);
-        else if ((s = en_st_to_f32(t, r->tp_tmp, err)) == EN_OK)
-            tp_slice(r, name, r->tp_tmp, &r->full_specs[i], base + off, ne);
-    }
-    en_st_close(&f);
-    return s;
 }
 
 static en_status load_checkpoint(run *r, en_err *err) {
@@ -552,16 +412,17 @@ static en_status load_checkpoint(run *r, en_err *err) {
         wp = en_path_join(dir, r->lora ? "adapter_model.safetensors" : "model.safetensors");
         op = en_path_join(dir, "optimizer.safetensors");
         size_t np;
-        float *p = en_train_params(r->tr, &np);
+        en_train_params(r->tr, &np);
         /* the model's weights through the core's loader (fused and sliced
          * as its family stores them); the adapter's by name */
-        s = r->lora ? load_tensors(r, wp, "", p, 1, err) : en_model_load_weights(r->model, wp, err);
+        s = r->lora ? en_whole_load_params(r->whole, wp, err)
+                    : en_model_load_weights(r->model, wp, err);
         /* full moments in the file: the optimizer keeps its part */
         float *mw = en_malloc((np ? np : 1) * sizeof(float));
         float *vw = en_malloc((np ? np : 1) * sizeof(float));
         if (s == EN_OK && (!mw || !vw)) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-        if (s == EN_OK) s = load_tensors(r, op, "m.", mw, 0, err);
-        if (s == EN_OK) s = load_tensors(r, op, "v.", vw, 0, err);
+        if (s == EN_OK) s = en_whole_read(r->whole, op, "m.", mw, err);
+        if (s == EN_OK) s = en_whole_read(r->whole, op, "v.", vw, err);
         if (s == EN_OK) en_optim_set_moments(r->opt, mw, vw);
         en_free(mw);
         en_free(vw);
@@ -593,40 +454,29 @@ static en_status write_plot(run *r, en_err *err) {
     return s;
 }
 
+/* The final adapter, or model/ (weights, config, the base model's
+ * tokenizer files as they are: tokenizer.json or .model,
+ * tokenizer_config.json, chat_template.jinja, ...), from the parameters
+ * the final checkpoint gathered. */
 static en_status write_final(run *r, en_err *err) {
     const en_finetune_config *c = r->cfg;
-    if (r->lora) /* under TP, lora_full holds what the final checkpoint gathered */
-        return en_lora_save_peft(r->lora_full ? r->lora_full : r->lora, c->model_dir, c->run_dir,
+    if (r->lora)
+        return en_lora_save_peft(en_whole_adapter(r->whole, r->p_whole), c->model_dir, c->run_dir,
                                  err);
-    /* model/ carries the base model's tokenizer files (tokenizer.json or
-     * .model, tokenizer_config.json, chat_template.jinja, ...) as they are */
-    if (r->tp > 1) { /* full_p was gathered by the final checkpoint */
-        char *dir = en_path_join(c->run_dir, "model");
-        char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
-        en_st_writer_item *it;
-        float *scratch;
-        int n_it = en_model_file_items(r->full_specs, r->n_full_specs, r->full_p, &it, &scratch);
-        en_status s = (dir && st && n_it >= 0) ? en_mkdir_p(dir, err)
-                                               : EN_ERR(err, EN_ERR_NOMEM, "oom");
-        if (s == EN_OK) s = en_st_write(st, it, n_it, EN_DTYPE_F32, err);
-        if (s == EN_OK) s = en_model_write_config(r->model, dir, err);
-        if (s == EN_OK)
-            s = en_hf_copy_tokenizer(c->model_dir, dir, en_tokenizer_bos(r->tok),
-                                     en_tokenizer_eos(r->tok), NULL, err);
-        en_free(it);
-        en_free(scratch);
-        en_free(dir);
-        en_free(st);
-        return s;
-    }
     char *dir = en_path_join(c->run_dir, "model");
     char *st = dir ? en_path_join(dir, "model.safetensors") : NULL;
-    en_status s = (dir && st) ? en_mkdir_p(dir, err) : EN_ERR(err, EN_ERR_NOMEM, "oom");
-    if (s == EN_OK) s = en_model_save_safetensors(r->model, st, err);
+    en_st_writer_item *it = NULL;
+    float *scratch = NULL;
+    int n_it = en_whole_model_items(r->whole, r->p_whole, &it, &scratch);
+    en_status s = (dir && st && n_it >= 0) ? en_mkdir_p(dir, err)
+                                           : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK) s = en_st_write(st, it, n_it, EN_DTYPE_F32, err);
     if (s == EN_OK) s = en_model_write_config(r->model, dir, err);
     if (s == EN_OK)
         s = en_hf_copy_tokenizer(c->model_dir, dir, en_tokenizer_bos(r->tok),
                                  en_tokenizer_eos(r->tok), NULL, err);
+    en_free(it);
+    en_free(scratch);
     en_free(dir);
     en_free(st);
     return s;
@@ -640,12 +490,7 @@ static void run_free(run *r) {
     en_free(r->perm);
     en_free(r->inputs);
     en_free(r->targets);
-    en_free(r->full_specs);
-    en_free(r->full_p);
-    en_free(r->full_m);
-    en_free(r->full_v);
-    en_free(r->tp_tmp);
-    en_lora_destroy(r->lora_full);
+    en_whole_destroy(r->whole);
     en_dataset_destroy(r->train);
     en_dataset_destroy(r->val);
     if (r->model) en_model_set_lora(r->model, NULL, NULL);
@@ -653,7 +498,6 @@ static void run_free(run *r) {
     en_model_destroy(r->model);
     en_chat_template_destroy(r->tmpl);
     en_tokenizer_destroy(r->tok);
-    en_comm_destroy(r->own_comm);
 }
 
 static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
@@ -724,17 +568,12 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
 
     if (cfg->n_data < 1) return EN_ERR(err, EN_ERR_ARG, "--data FILE is required");
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "--batch must be >= 1");
-    r->comm = cfg->comm;
-    if (!r->comm) {
-        if ((s = en_comm_create_single(&r->own_comm, err)) != EN_OK) return s;
-        r->comm = r->own_comm;
-    }
-    r->tp = en_comm_size(r->comm, EN_GROUP_TP);
-    r->tp_rank = en_comm_rank(r->comm, EN_GROUP_TP);
-
-    r->D = en_comm_size(r->comm, EN_GROUP_DP);
-    r->dp_rank = en_comm_rank(r->comm, EN_GROUP_DP);
-    r->main = en_comm_rank(r->comm, EN_GROUP_WORLD) == 0;
+    r->comm = cfg->comm; /* NULL: one process */
+    r->par = en_parallel_of(r->comm);
+    r->tp = r->par.tp;
+    r->D = r->par.dp;
+    r->dp_rank = r->par.dp_rank;
+    r->main = r->par.main;
     r->be = cfg->backend; /* borrowed: the front end made it */
     if (!r->be) {
         s = EN_ERR(err, EN_ERR_ARG, "en_finetune_run: no backend");
@@ -746,7 +585,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     mp.backend = r->be;
     mp.comm = r->comm;
     mp.tp_size = r->tp;
-    mp.tp_rank = r->tp_rank;
+    mp.tp_rank = r->par.tp_rank;
     /* LoRA keeps the frozen base at its stored width (bf16 checkpoints at
      * half the memory); full fine-tuning trains float32 weights */
     mp.weights = cfg->lora_rank > 0 ? EN_WEIGHTS_AUTO : EN_WEIGHTS_F32;
@@ -770,9 +609,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         if ((s = en_lora_create(r->be, en_model_get_local_hparams(r->model), &lc, &r->lora,
                                 err)) != EN_OK)
             goto fail;
-        en_lora_init_tp(r->lora, cfg->seed, r->tp_rank, r->tp);
-        if (r->tp > 1 && (s = en_lora_create(r->be, hp, &lc, &r->lora_full, err)) != EN_OK)
-            goto fail;
+        en_lora_init_tp(r->lora, cfg->seed, r->par.tp_rank, r->tp);
         if ((s = en_model_set_lora(r->model, r->lora, err)) != EN_OK) goto fail;
     }
 
@@ -827,49 +664,8 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     en_optim_config oc = {cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip,
                           cfg->zero};
     if ((s = en_optim_create(r->tr, r->model, r->comm, &oc, &r->opt, err)) != EN_OK) goto fail;
-    if (r->tp > 1) { /* whole-model buffers for layout-free checkpoints */
-        if (r->lora_full) { /* the whole adapter's layout */
-            size_t nl;
-            float *base = en_lora_data(r->lora_full, &nl);
-            r->n_full_specs = en_lora_n_tensors(r->lora_full);
-            r->n_full = nl;
-            r->full_specs = en_calloc((size_t)r->n_full_specs, sizeof(en_param_spec));
-            if (!r->full_specs) {
-                s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-            for (int i = 0; i < r->n_full_specs; i++) {
-                const char *nm;
-                float *d;
-                int64_t sh[2];
-                en_lora_tensor(r->lora_full, i, &nm, &d, sh);
-                en_param_spec *fs = &r->full_specs[i];
-                snprintf(fs->name, sizeof fs->name, "%s", nm);
-                fs->n_dims = 2;
-                fs->shape[0] = sh[0];
-                fs->shape[1] = sh[1];
-                fs->offset = (size_t)(d - base);
-                fs->n_elem = (size_t)(sh[0] * sh[1]);
-            }
-        } else if ((s = en_model_layout(hp, &r->full_specs, &r->n_full_specs, &r->n_full, NULL,
-                                        err)) != EN_OK) {
-            goto fail;
-        }
-        size_t big = 0;
-        for (int i = 0; i < r->n_full_specs; i++)
-            if (r->full_specs[i].n_elem > big) big = r->full_specs[i].n_elem;
-        r->full_p = en_calloc(r->n_full, sizeof(float));
-        r->full_m = en_calloc(r->n_full, sizeof(float));
-        r->full_v = en_calloc(r->n_full, sizeof(float));
-        /* an all-gather of a replicated kv tensor is kv_rep times its size,
-         * of a padded vocabulary up to tp - 1 rows more */
-        big += (size_t)r->tp * (size_t)hp->n_embd;
-        r->tp_tmp = en_malloc(big * (size_t)en_model_kv_rep(r->model) * sizeof(float));
-        if (!r->full_p || !r->full_m || !r->full_v || !r->tp_tmp) {
-            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for tensor-parallel checkpoints");
-            goto fail;
-        }
-    }
+    /* whole tensors for checkpoints, whatever the layout */
+    if ((s = en_whole_create(r->tr, r->model, r->lora, &r->whole, err)) != EN_OK) goto fail;
     r->perm = en_malloc((size_t)nw * sizeof(int64_t));
     r->inputs = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
     r->targets = en_malloc((size_t)per_step * r->T * sizeof(int32_t));
@@ -909,7 +705,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     if (s == EN_OK && resume) s = load_checkpoint(r, err);
     if (s == EN_OK && !resume && r->main) s = config_save(cfg, err);
     /* one rank's failure (a bad file, no checkpoint) ends every rank */
-    if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
+    if ((s = en_parallel_agree(r->comm, s, err)) != EN_OK) goto fail;
     en_dataset_order(r->train, cfg->seed, r->epoch, r->perm);
     if (r->main) {
         if ((s = en_metrics_open(cfg->run_dir, resume ? r->step : -1, &r->metrics, err)) != EN_OK)
@@ -925,10 +721,9 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     int64_t first_step = r->step;
     while (r->step < r->total_steps) {
         /* a signal on any rank stops every rank at the same step */
-        double stop_flag = stop && *stop ? 1.0 : 0.0;
-        if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_WORLD, &stop_flag, 1, err)) != EN_OK)
-            goto fail;
-        if (stop_flag > 0) {
+        int stop_all;
+        if ((s = en_parallel_any(r->comm, stop && *stop, &stop_all, err)) != EN_OK) goto fail;
+        if (stop_all) {
             res->interrupted = 1;
             break;
         }
@@ -949,7 +744,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
             sum += ls;
         }
         en_train_reduce_grads(r->tr);
-        if ((s = en_comm_allreduce_sum_f64(r->comm, EN_GROUP_DP, &sum, 1, err)) != EN_OK) goto fail;
+        if ((s = en_parallel_dp_sum(r->comm, &sum, 1, err)) != EN_OK) goto fail;
         double loss = n_tok ? sum / (double)n_tok : 0.0;
         if (!isfinite(loss)) {
             s = EN_ERR(err, EN_ERR_ARG,
@@ -990,19 +785,19 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
         }
         if (cfg->save_every > 0 && r->step % cfg->save_every == 0 && r->step < r->total_steps) {
             s = save_checkpoint(r, err);
-            if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
+            if ((s = en_parallel_agree(r->comm, s, err)) != EN_OK) goto fail;
         }
     }
     if (r->progress) en_progress_finish(r->progress);
     /* final (or interrupted) checkpoint, outputs, plot */
     if (r->step > first_step || resume || r->step == r->total_steps) {
         s = save_checkpoint(r, err);
-        if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
+        if ((s = en_parallel_agree(r->comm, s, err)) != EN_OK) goto fail;
     }
     s = EN_OK;
     if (r->main) s = write_plot(r, err);
     if (s == EN_OK && r->main && !res->interrupted) s = write_final(r, err);
-    if ((s = en_comm_agree(r->comm, s, err)) != EN_OK) goto fail;
+    if ((s = en_parallel_agree(r->comm, s, err)) != EN_OK) goto fail;
     double el = en_time_now() - r->t_start;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

@@ -261,30 +261,6 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
     return EN_OK;
 }
 
-/* This rank's slice of whole (d0, d1: the whole model's shape) into dst. */
-static void tp_slice_rows_cols(const en_model *m, const en_param_spec *sp, const float *whole,
-                               int64_t d0, int64_t d1, float *dst) {
-    int split = m->tp_size > 1 ? sp->split : 0;
-    size_t cols = (size_t)(d1 ? d1 : 1);
-    if (split == EN_SPLIT_ROWS && (sp->flags & EN_PARAM_VOCAB)) {
-        /* vocab rows [r*Vl, (r+1)*Vl), zero past vocab_size (padding) */
-        size_t Vl = (size_t)m->hl.n_vocab, v0 = (size_t)m->tp_rank * Vl, V = (size_t)d0;
-        size_t have = v0 >= V ? 0 : (V - v0 < Vl ? V - v0 : Vl);
-        memcpy(dst, whole + v0 * cols, have * cols * sizeof(float));
-        memset(dst + have * cols, 0, (Vl - have) * cols * sizeof(float));
-    } else if (split == EN_SPLIT_ROWS) { /* one contiguous block of rows */
-        int parts, idx;
-        en_model_tp_row_block(m, sp->name, &parts, &idx);
-        memcpy(dst, whole + (size_t)idx * sp->n_elem, sp->n_elem * sizeof(float));
-    } else if (split == EN_SPLIT_COLS) { /* this rank's slice of every row */
-        size_t rows = (size_t)sp->shape[0], cl = (size_t)sp->shape[1];
-        for (size_t rr = 0; rr < rows; rr++)
-            memcpy(dst + rr * cl, whole + rr * cols + (size_t)m->tp_rank * cl, cl * sizeof(float));
-    } else {
-        memcpy(dst, whole, sp->n_elem * sizeof(float));
-    }
-}
-
 /* Read spec sp's tensor (or its block of a fused one), turn it to the
  * model's orientation, slice this rank's part and upload it. staging
  * holds 3 * cap floats. */
@@ -307,7 +283,7 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     }
     if (sp->src[0]) whole += (size_t)sp->src_row0 * (size_t)(d1 ? d1 : 1);
     float *dst = staging + 2 * cap;
-    tp_slice_rows_cols(m, sp, whole, d0, d1, dst);
+    en_tp_slice(m, sp->name, whole, d0, d1, dst, sp->n_elem);
     if (sp->w16) { /* narrowed on the host, uploaded at 16 bits (staging's first part is free) */
         uint16_t *h16 = (uint16_t *)staging;
         en_f32_to_w16(h16, dst, sp->n_elem, m->wtype);

@@ -170,6 +170,23 @@ void en_model_tp_row_block(const en_model *m, const char *name, int *parts, int 
  * 1 otherwise; their gradients are summed (en_train_reduce_grads). */
 int en_model_tp_replicas(const en_model *m, const char *name);
 int en_model_kv_rep(const en_model *m);
+
+/* Whole tensors and this rank's parts of them, by each tensor's declared
+ * split (a model tensor's name, or a LoRA factor's PEFT name): the one
+ * slicer of the loader, resume and checkpoints.
+ * en_tp_slice: this rank's ne floats of `whole` (host, d0 x d1; d1 = 0 for
+ * a vector) into dst (host). Vocabulary rows past vocab_size are zero;
+ * a replicated kv head is its group's copy. */
+void en_tp_slice(const en_model *m, const char *name, const float *whole, int64_t d0,
+                 int64_t d1, float *dst, size_t ne);
+/* The inverse: the whole tensor (host, d0 x d1) from every rank's part
+ * `local` (ne floats of backend memory). Collective over the TP group
+ * (every rank gets it). dev_tmp (backend memory) and host_tmp (host) hold
+ * en_tp_gather_scratch(m, ne) floats each. */
+en_status en_tp_gather(const en_model *m, const char *name, const float *local, size_t ne,
+                       int64_t d0, int64_t d1, float *dev_tmp, float *host_tmp, float *whole,
+                       en_err *err);
+size_t en_tp_gather_scratch(const en_model *m, size_t ne);
 /* 1 for the embedding and output matrices (vocab-parallel, padded to a
  * multiple of tp: rows past vocab_size are zero and masked). */
 int en_model_is_vocab_tensor(const en_model *m, const char *name);

@@ -18,11 +18,14 @@ struct en_optim {
     int D, dp_rank, tp;
     size_t n;              /* trainable floats */
     size_t shard, lo, hi;  /* ZeRO-1: this rank's slice [lo, hi), shard = ceil(n / D) */
+    /* all backend memory (the parameters' and gradients' too) */
     float *m, *v;          /* moments: all n, or (ZeRO) this rank's shard */
     float *pad;            /* (shard * D) collective staging, D > 1 */
     float *gshard;         /* (shard) ZeRO: this rank's reduced gradient */
     float *mfull, *vfull;  /* (n) ZeRO: gathered moments for checkpoints */
 };
+
+static float *balloc(en_backend *be, size_t n) { return en_backend_alloc(be, n * sizeof(float)); }
 
 /* Gradient all-reduce in buckets, so that a large model does not need one
  * message of its whole size (and so that a later overlap with the backward
@@ -61,18 +64,18 @@ en_status en_optim_create(en_train *t, en_model *model, en_comm *comm,
         o->lo = o->shard * (size_t)o->dp_rank;
         if (o->lo > o->n) o->lo = o->n;
         o->hi = o->lo + o->shard > o->n ? o->n : o->lo + o->shard;
-        o->pad = en_calloc(o->shard * (size_t)o->D, sizeof(float));
+        o->pad = balloc(o->be, o->shard * (size_t)o->D);
         ok = o->pad != NULL;
         if (o->cfg.zero) {
             n_mom = o->shard;
-            o->gshard = en_calloc(o->shard, sizeof(float));
-            o->mfull = en_calloc(o->n ? o->n : 1, sizeof(float));
-            o->vfull = en_calloc(o->n ? o->n : 1, sizeof(float));
+            o->gshard = balloc(o->be, o->shard);
+            o->mfull = balloc(o->be, o->n);
+            o->vfull = balloc(o->be, o->n);
             ok = ok && o->gshard && o->mfull && o->vfull;
         }
     }
-    o->m = en_calloc(n_mom ? n_mom : 1, sizeof(float));
-    o->v = en_calloc(n_mom ? n_mom : 1, sizeof(float));
+    o->m = balloc(o->be, n_mom);
+    o->v = balloc(o->be, n_mom);
     if (!ok || !o->m || !o->v) {
         en_optim_destroy(o);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory for the optimizer state");
@@ -83,12 +86,12 @@ en_status en_optim_create(en_train *t, en_model *model, en_comm *comm,
 
 void en_optim_destroy(en_optim *o) {
     if (!o) return;
-    en_free(o->m);
-    en_free(o->v);
-    en_free(o->pad);
-    en_free(o->gshard);
-    en_free(o->mfull);
-    en_free(o->vfull);
+    en_backend_free(o->be, o->m);
+    en_backend_free(o->be, o->v);
+    en_backend_free(o->be, o->pad);
+    en_backend_free(o->be, o->gshard);
+    en_backend_free(o->be, o->mfull);
+    en_backend_free(o->be, o->vfull);
     en_comm_destroy(o->own_comm);
     en_free(o);
 }
@@ -161,16 +164,16 @@ en_status en_optim_step(en_optim *o, float lr, int64_t step, double *grad_norm, 
     }
     /* ZeRO-1: reduce-scatter the gradient, update this rank's slice, then
      * every rank gets the updated parameters (a padded copy is sent) */
-    memcpy(o->pad, g, np * sizeof(float));
-    memset(o->pad + np, 0, (o->shard * (size_t)o->D - np) * sizeof(float));
+    en_backend_copy(o->be, o->pad, g, np * sizeof(float));
+    en_backend_zero(o->be, o->pad + np, (o->shard * (size_t)o->D - np) * sizeof(float));
     EN_TRY(en_comm_reduce_scatter_sum(o->comm, EN_GROUP_DP, o->pad, o->gshard, o->shard, err));
     grad_sumsq(o, o->gshard, o->lo, o->hi, sq);
     EN_TRY(norm_and_clip(o, o->gshard, o->shard, sq, grad_norm, err));
     adamw(o, p, o->gshard, o->m, o->v, o->lo, o->hi, lr, step);
-    memset(o->gshard, 0, o->shard * sizeof(float));
-    memcpy(o->gshard, p + o->lo, (o->hi - o->lo) * sizeof(float));
+    en_backend_zero(o->be, o->gshard, o->shard * sizeof(float));
+    en_backend_copy(o->be, o->gshard, p + o->lo, (o->hi - o->lo) * sizeof(float));
     EN_TRY(en_comm_allgather(o->comm, EN_GROUP_DP, o->gshard, o->pad, o->shard, err));
-    memcpy(p, o->pad, np * sizeof(float));
+    en_backend_copy(o->be, p, o->pad, np * sizeof(float));
     return EN_OK;
 }
 
@@ -181,9 +184,9 @@ en_status en_optim_moments(en_optim *o, const float **m, const float **v, en_err
         return EN_OK;
     }
     EN_TRY(en_comm_allgather(o->comm, EN_GROUP_DP, o->v, o->pad, o->shard, err));
-    memcpy(o->vfull, o->pad, o->n * sizeof(float));
+    en_backend_copy(o->be, o->vfull, o->pad, o->n * sizeof(float));
     EN_TRY(en_comm_allgather(o->comm, EN_GROUP_DP, o->m, o->pad, o->shard, err));
-    memcpy(o->mfull, o->pad, o->n * sizeof(float));
+    en_backend_copy(o->be, o->mfull, o->pad, o->n * sizeof(float));
     *m = o->mfull;
     *v = o->vfull;
     return EN_OK;
@@ -191,6 +194,6 @@ en_status en_optim_moments(en_optim *o, const float **m, const float **v, en_err
 
 void en_optim_set_moments(en_optim *o, const float *m, const float *v) {
     const size_t a = o->cfg.zero ? o->lo : 0, n = o->cfg.zero ? o->hi - o->lo : o->n;
-    memcpy(o->m, m + a, n * sizeof(float));
-    memcpy(o->v, v + a, n * sizeof(float));
+    en_backend_upload(o->be, o->m, m + a, n * sizeof(float));
+    en_backend_upload(o->be, o->v, v + a, n * sizeof(float));
 }

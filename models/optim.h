@@ -39,12 +39,14 @@ void en_optim_destroy(en_optim *o); /* NULL is a no-op */
  * Collective over the communicator's groups. */
 en_status en_optim_step(en_optim *o, float lr, int64_t step, double *grad_norm, en_err *err);
 
-/* The moments as whole vectors (of the trainable count), for a checkpoint:
- * under ZeRO gathered from every data-parallel rank (collective: every rank
- * calls it), else this rank's own. Host memory owned by the optimizer,
- * valid until its next call. */
+/* The moments as whole vectors (of the trainable count, this rank's
+ * tensor-parallel layout), for a checkpoint: under ZeRO gathered from every
+ * data-parallel rank (collective: every rank calls it), else this rank's
+ * own. Backend memory (like the trainer's parameters) owned by the
+ * optimizer, valid until its next call. */
 en_status en_optim_moments(en_optim *o, const float **m, const float **v, en_err *err);
-/* Set the moments from whole vectors (resuming): this rank keeps its part. */
+/* Set the moments from whole vectors in host memory (resuming): this rank
+ * keeps its part. */
 void en_optim_set_moments(en_optim *o, const float *m, const float *v);
 /* Bytes of moments this rank keeps. */
 size_t en_optim_state_bytes(const en_optim *o);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model_impl.h"
+#include "parallel.h"
 
 void en_model_tp_allreduce(const en_model *m, float *buf, size_t n) {
     if (m->tp_size <= 1) return;
@@ -150,3 +151,92 @@ int en_model_tp_replicas(const en_model *m, const char *name) {
 int en_model_kv_rep(const en_model *m) { return m->kv_rep; }
 int en_model_tp_size(const en_model *m) { return m->tp_size; }
 int en_model_tp_rank(const en_model *m) { return m->tp_rank; }
+
+/* ---- whole tensors: the one slicer (loading, resume) and its inverse
+ * (checkpoints, adapter export), driven by each tensor's declared split ---- */
+
+void en_tp_slice(const en_model *m, const char *name, const float *whole, int64_t d0,
+                 int64_t d1, float *dst, size_t ne) {
+    const int split = m->tp_size > 1 ? en_model_tp_split(m, name) : EN_SPLIT_NONE;
+    const size_t cols = (size_t)(d1 ? d1 : 1), rows = (size_t)d0;
+    if (split == EN_SPLIT_ROWS && en_model_is_vocab_tensor(m, name)) {
+        /* vocab rows [r*Vl, (r+1)*Vl), zero past vocab_size (padding) */
+        size_t Vl = ne / cols, v0 = (size_t)m->tp_rank * Vl;
+        size_t have = v0 >= rows ? 0 : (rows - v0 < Vl ? rows - v0 : Vl);
+        memcpy(dst, whole + v0 * cols, have * cols * sizeof(float));
+        memset(dst + have * cols, 0, (Vl - have) * cols * sizeof(float));
+    } else if (split == EN_SPLIT_ROWS) { /* one contiguous block of rows */
+        int parts, idx;
+        en_model_tp_row_block(m, name, &parts, &idx);
+        memcpy(dst, whole + (size_t)idx * ne, ne * sizeof(float));
+    } else if (split == EN_SPLIT_COLS) { /* this rank's slice of every row */
+        size_t cl = ne / rows;
+        for (size_t r = 0; r < rows; r++)
+            memcpy(dst + r * cl, whole + r * cols + (size_t)m->tp_rank * cl, cl * sizeof(float));
+    } else {
+        memcpy(dst, whole, ne * sizeof(float));
+    }
+}
+
+size_t en_tp_gather_scratch(const en_model *m, size_t ne) {
+    return ne * (size_t)(m->tp_size > 1 ? m->tp_size : 1); /* every rank's part */
+}
+
+en_status en_tp_gather(const en_model *m, const char *name, const float *local, size_t ne,
+                       int64_t d0, int64_t d1, float *dev_tmp, float *host_tmp, float *whole,
+                       en_err *err) {
+    const int split = m->tp_size > 1 ? en_model_tp_split(m, name) : EN_SPLIT_NONE;
+    if (split == EN_SPLIT_NONE) { /* every rank holds it whole */
+        en_backend_download(m->be, whole, local, ne * sizeof(float));
+        return EN_OK;
+    }
+    const size_t tp = (size_t)m->tp_size, cols = (size_t)(d1 ? d1 : 1), rows = (size_t)d0;
+    EN_TRY(en_comm_allgather(m->comm, EN_GROUP_TP, local, dev_tmp, ne, err));
+    en_backend_download(m->be, host_tmp, dev_tmp, tp * ne * sizeof(float));
+    if (split == EN_SPLIT_ROWS && en_model_is_vocab_tensor(m, name)) {
+        memcpy(whole, host_tmp, rows * cols * sizeof(float)); /* drop the padding rows */
+    } else if (split == EN_SPLIT_ROWS) {
+        /* blocks in rank order; a replicated kv head comes from its first rank */
+        int reps = en_model_tp_replicas(m, name), parts, idx;
+        en_model_tp_row_block(m, name, &parts, &idx);
+        for (int h = 0; h < parts; h++)
+            memcpy(whole + (size_t)h * ne, host_tmp + (size_t)h * (size_t)reps * ne,
+                   ne * sizeof(float));
+    } else { /* columns: rank k's slice of every row */
+        size_t cl = ne / rows;
+        for (size_t k = 0; k < tp; k++)
+            for (size_t r = 0; r < rows; r++)
+                memcpy(whole + r * cols + k * cl, host_tmp + k * ne + r * cl, cl * sizeof(float));
+    }
+    return EN_OK;
+}
+
+/* ---- the loop's view of the layout (parallel.h) ---- */
+
+en_parallel en_parallel_of(const en_comm *comm) {
+    en_parallel p = {1, 0, 1, 0, 1, 0, 1};
+    if (!comm) return p;
+    p.world = en_comm_size(comm, EN_GROUP_WORLD);
+    p.world_rank = en_comm_rank(comm, EN_GROUP_WORLD);
+    p.tp = en_comm_size(comm, EN_GROUP_TP);
+    p.tp_rank = en_comm_rank(comm, EN_GROUP_TP);
+    p.dp = en_comm_size(comm, EN_GROUP_DP);
+    p.dp_rank = en_comm_rank(comm, EN_GROUP_DP);
+    p.main = p.world_rank == 0;
+    return p;
+}
+
+en_status en_parallel_dp_sum(en_comm *comm, double *buf, int n, en_err *err) {
+    return comm ? en_comm_allreduce_sum_f64(comm, EN_GROUP_DP, buf, (size_t)n, err) : EN_OK;
+}
+
+en_status en_parallel_any(en_comm *comm, int flag, int *any, en_err *err) {
+    double f = flag ? 1.0 : 0.0;
+    if (comm) EN_TRY(en_comm_allreduce_sum_f64(comm, EN_GROUP_WORLD, &f, 1, err));
+    *any = f > 0;
+    return EN_OK;
+}
+
+en_status en_parallel_agree(en_comm *comm, en_status local, en_err *err) {
+    return comm ? en_comm_agree(comm, local, err) : local;
+}
