@@ -425,6 +425,28 @@ void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits
     be->ops->cross_entropy_bwd(be, dlogits, logits, target, scale, T, V);
 }
 
+void en_op_ce_vp_max(en_backend *be, float *mx, const float *logits, int T, int V, int n) {
+    EN_ASSERT(T >= 0 && n >= 0 && n <= V);
+    if (T == 0) return;
+    be->ops->ce_vp_max(be, mx, logits, T, V, n);
+}
+
+void en_op_ce_vp_stats(en_backend *be, float *st, const float *logits, const float *mx,
+                       const int32_t *target, int v0, int T, int V, int n) {
+    EN_ASSERT(T >= 0 && n >= 0 && n <= V && v0 >= 0);
+    if (T == 0) return;
+    be->ops->ce_vp_stats(be, st, logits, mx, target, v0, T, V, n);
+}
+
+void en_op_ce_vp_bwd(en_backend *be, float *dlogits, const float *logits, const float *mx,
+                     const float *st, const int32_t *target, int v0, float scale, int T, int V,
+                     int n) {
+    EN_ASSERT(T >= 0 && n >= 0 && n <= V && v0 >= 0);
+    EN_ASSERT(mx != dlogits && st != dlogits);
+    if (T == 0) return;
+    be->ops->ce_vp_bwd(be, dlogits, logits, mx, st, target, v0, scale, T, V, n);
+}
+
 /* ---- optimizer and reductions ---- */
 
 double en_op_sumsq(en_backend *be, const float *x, size_t n) {

@@ -380,6 +380,30 @@ void en_op_attention_bwd_stored_p(en_backend *be, float *dq, float *dk, float *d
 void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
                              const int32_t *target, const float *scale, int T, int V);
 
+/* ---- vocabulary-parallel cross-entropy (Megatron-LM) ----
+ * A tensor-parallel rank holds the logits of its vocabulary columns
+ * [v0, v0 + V) for every row (T, V), of which the first n are real (the
+ * rest pad the vocabulary to a multiple of the TP size). The caller
+ * combines the row statistics over the TP group between the three ops, so
+ * the whole (T, vocabulary) logits are never gathered:
+ *  1. en_op_ce_vp_max: mx[t] = max of row t's n real logits (-inf when
+ *     n = 0); then an all-reduce max;
+ *  2. en_op_ce_vp_stats: st[t] = sum over j < n of exp(l[t][j] - mx[t])
+ *     (summed in double), st[T + t] = l[t][target[t] - v0] when the target
+ *     is one of this rank's real columns, else 0; then an all-reduce sum,
+ *     after which nll[t] = log(st[t]) + mx[t] - st[T + t];
+ *  3. en_op_ce_vp_bwd: dlogits[t][j] = scale * exp(l[t][j] - mx[t]) / st[t]
+ *     for j < n, 0 past n, and scale less at the target's column; rows whose
+ *     target is < 0 are 0. dlogits is OVERWRITTEN (it may alias logits).
+ * target is host memory, as for en_op_cross_entropy, and holds ids of the
+ * whole vocabulary (< 0: ignored). 0 <= n <= V. */
+void en_op_ce_vp_max(en_backend *be, float *mx, const float *logits, int T, int V, int n);
+void en_op_ce_vp_stats(en_backend *be, float *st, const float *logits, const float *mx,
+                       const int32_t *target, int v0, int T, int V, int n);
+void en_op_ce_vp_bwd(en_backend *be, float *dlogits, const float *logits, const float *mx,
+                     const float *st, const int32_t *target, int v0, float scale, int T, int V,
+                     int n);
+
 /* ---- optimizer and reductions ---- */
 
 /* sum of x[i]^2 over n elements, accumulated in double. */

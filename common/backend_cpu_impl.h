@@ -31,6 +31,13 @@ void en_cpu_rope_freq(en_backend *be, float *x, const int32_t *pos, int T, int H
                       size_t row_stride, const float *inv_freq, int n_rot, float mscale);
 void en_cpu_rope_freq_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
                           size_t row_stride, const float *inv_freq, int n_rot, float mscale);
+/* backend_cpu_vocab_ce.c */
+void en_cpu_ce_vp_max(en_backend *be, float *mx, const float *logits, int T, int V, int n);
+void en_cpu_ce_vp_stats(en_backend *be, float *st, const float *logits, const float *mx,
+                        const int32_t *target, int v0, int T, int V, int n);
+void en_cpu_ce_vp_bwd(en_backend *be, float *dlogits, const float *logits, const float *mx,
+                      const float *st, const int32_t *target, int v0, float scale, int T, int V,
+                      int n);
 void en_cpu_geglu(en_backend *be, float *y, const float *gate, const float *up, size_t n);
 void en_cpu_geglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
                       const float *gate, const float *up, size_t n);

@@ -17,7 +17,7 @@
  *  - gradient outputs of the *_bwd ops may be NULL (skip them); the
  *    accumulate / overwrite contract is the one in backend.h.
  * Implementations: backend_cpu.c (the reference) and, with issue #6,
- * cuda/backend_cuda.cu. Only those files and backend.c include this header.
+ * cuda/backend_cuda.cu; tests/backend_guard.c too. Only those files and backend.c include it.
  */
 #ifndef EN_BACKEND_IMPL_H
 #define EN_BACKEND_IMPL_H
@@ -89,6 +89,12 @@ typedef struct en_backend_ops {
                                  int Hkv, int D, const en_attn_params *ap);
     void (*cross_entropy_bwd)(en_backend *be, float *dlogits, const float *logits,
                               const int32_t *target, const float *scale, int T, int V);
+    void (*ce_vp_max)(en_backend *be, float *mx, const float *logits, int T, int V, int n);
+    void (*ce_vp_stats)(en_backend *be, float *st, const float *logits, const float *mx,
+                        const int32_t *target, int v0, int T, int V, int n);
+    void (*ce_vp_bwd)(en_backend *be, float *dlogits, const float *logits, const float *mx,
+                      const float *st, const int32_t *target, int v0, float scale, int T, int V,
+                      int n);
     double (*sumsq)(en_backend *be, const float *x, size_t n);
     void (*scale)(en_backend *be, float *x, float s, size_t n);
     void (*adamw)(en_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr,
@@ -129,6 +135,7 @@ struct en_backend {
     const char *name;          /* static string: "cpu", "cuda" */
     int n_threads;             /* host threads actually in effect (>= 1) */
     int batch_invariant;       /* en_backend_set_batch_invariant */
+    int host_memory;           /* buffers are host memory (en_backend_host_memory) */
     void *ctx;                 /* owned: the implementation's state */
 };
 

@@ -242,6 +242,8 @@ float *en_grad_of(const en_grad_ctx *g, const float *w);
  * collective cannot be recovered from inside a forward pass: it aborts with
  * the communicator's message (hangs are caught by its watchdog). */
 void en_model_tp_allreduce(const en_model *m, float *buf, size_t n);
+/* Element-wise max over the TP group (the vocab-parallel loss's row max). */
+void en_model_tp_allreduce_max(const en_model *m, float *buf, size_t n);
 /* Sequence parallelism's pair (abort on failure like en_model_tp_allreduce):
  * all-gather n_local floats from every TP rank into out (tp * n_local), and
  * reduce-scatter in (tp * n_local) summing into this rank's out (n_local). */

@@ -17,6 +17,13 @@ void en_model_tp_allreduce(const en_model *m, float *buf, size_t n) {
         en_abort(__FILE__, __LINE__, err.msg);
 }
 
+void en_model_tp_allreduce_max(const en_model *m, float *buf, size_t n) {
+    if (m->tp_size <= 1) return;
+    en_err err = {0};
+    if (en_comm_allreduce_max(m->comm, EN_GROUP_TP, buf, n, &err) != EN_OK)
+        en_abort(__FILE__, __LINE__, err.msg);
+}
+
 void en_model_tp_allgather(const en_model *m, const float *in, float *out, size_t n_local) {
     en_err err = {0};
     if (en_comm_allgather(m->comm, EN_GROUP_TP, in, out, n_local, &err) != EN_OK)

@@ -54,7 +54,9 @@ struct en_train {
     int sp, Nl;                    /* sequence parallel: rows held here (N / tp) */
     float *xg, *dfull, *dxl;       /* (N, C), (N, C), (Nl, C) SP scratch */
     float *kv_scratch;             /* kv-head replication: one whole k/v tensor */
-    float *ce_max, *ce_sum, *ce_tl; /* (chunk) vocab-parallel cross-entropy */
+    /* vocab-parallel cross-entropy: backend (chunk) row maxima and
+     * (2, chunk) sums of exponentials and target logits; their host copy */
+    float *ce_max, *ce_st, *ce_h;
     en_grad_ctx g;                  /* what the layers' backward works with */
 };
 
@@ -183,10 +185,10 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
     t->nll_h = en_malloc(chunk * sizeof(float));
     t->pos = en_malloc(N * sizeof(int32_t));
     t->ids_local = en_malloc(N * sizeof(int32_t));
-    t->ce_max = en_malloc(chunk * sizeof(float));
-    t->ce_sum = en_malloc(chunk * sizeof(float));
-    t->ce_tl = en_malloc(chunk * sizeof(float));
-    if (!t->ids_local || !t->ce_max || !t->ce_sum || !t->ce_tl) goto oom;
+    t->ce_max = en_backend_alloc(be, chunk * sizeof(float));
+    t->ce_st = en_backend_alloc(be, 2 * chunk * sizeof(float));
+    t->ce_h = en_malloc(3 * chunk * sizeof(float));
+    if (!t->ids_local || !t->ce_max || !t->ce_st || !t->ce_h) goto oom;
     if (m->kv_rep > 1) {
         size_t big = 0;
         for (int i = 0; i < t->n_tensors; i++) {
@@ -287,9 +289,9 @@ void en_train_destroy(en_train *t) {
     en_free(t->tensors);
     en_free(t->pos);
     en_free(t->ids_local);
-    en_free(t->ce_max);
-    en_free(t->ce_sum);
-    en_free(t->ce_tl);
+    en_backend_free(t->be, t->ce_max);
+    en_backend_free(t->be, t->ce_st);
+    en_free(t->ce_h);
     en_free(t->nll_h);
     en_free(t->kv_scratch);
     en_free(t);
@@ -334,54 +336,32 @@ static en_status check_batch(const en_train *t, const int32_t *inputs, const int
 
 /* Vocab-parallel cross-entropy (Megatron): this rank has the logits of its
  * V/tp vocabulary rows in t->logits (rows, Vl). The row max, the sum of
- * exponentials and the target's logit are combined over the TP group, so
- * the full (rows, V) logits are never gathered. With backward, t->logits
- * becomes scale * (softmax - onehot) for this rank's columns.
- * TODO(#6): as backend ops, for device buffers. */
+ * exponentials and the target's logit are combined over the TP group
+ * (backend ops and collectives on backend memory: any device), so the full
+ * (rows, V) logits are never gathered. With backward, t->logits becomes
+ * scale * (softmax - onehot) for this rank's columns. */
 static void vocab_parallel_ce(en_train *t, const int32_t *tg, int rows, int backward,
                               float grad_scale, double *sum, int64_t *count) {
     const en_model *m = t->m;
+    en_backend *be = t->be;
     const int Vl = m->hl.n_vocab, v0 = m->tp_rank * Vl;
     /* columns past vocab_size are padding: out of the softmax */
     const int Vv = m->hp.n_vocab - v0 < Vl ? (m->hp.n_vocab - v0 > 0 ? m->hp.n_vocab - v0 : 0) : Vl;
-    en_err err = {0};
-    for (int i = 0; i < rows; i++) {
-        const float *l = t->logits + (size_t)i * Vl;
-        float mx = -INFINITY;
-        for (int j = 0; j < Vv; j++) mx = l[j] > mx ? l[j] : mx;
-        t->ce_max[i] = mx;
-    }
-    if (en_comm_allreduce_max(m->comm, EN_GROUP_TP, t->ce_max, (size_t)rows, &err) != EN_OK)
-        en_abort(__FILE__, __LINE__, err.msg);
-    for (int i = 0; i < rows; i++) {
-        const float *l = t->logits + (size_t)i * Vl;
-        double se = 0;
-        for (int j = 0; j < Vv; j++) se += exp((double)l[j] - t->ce_max[i]);
-        t->ce_sum[i] = (float)se;
-        int local = tg[i] - v0;
-        t->ce_tl[i] = tg[i] >= 0 && local >= 0 && local < Vl ? l[local] : 0.0f;
-    }
-    en_model_tp_allreduce(m, t->ce_sum, (size_t)rows);
-    en_model_tp_allreduce(m, t->ce_tl, (size_t)rows);
+    en_op_ce_vp_max(be, t->ce_max, t->logits, rows, Vl, Vv);
+    en_model_tp_allreduce_max(m, t->ce_max, (size_t)rows);
+    en_op_ce_vp_stats(be, t->ce_st, t->logits, t->ce_max, tg, v0, rows, Vl, Vv);
+    en_model_tp_allreduce(m, t->ce_st, 2 * (size_t)rows);
+    float *mx = t->ce_h, *se = t->ce_h + rows, *tl = t->ce_h + 2 * (size_t)rows;
+    en_backend_download(be, mx, t->ce_max, (size_t)rows * sizeof(float));
+    en_backend_download(be, se, t->ce_st, 2 * (size_t)rows * sizeof(float));
     for (int i = 0; i < rows; i++) {
         if (tg[i] < 0) continue;
-        *sum += log((double)t->ce_sum[i]) + t->ce_max[i] - t->ce_tl[i];
+        *sum += log((double)se[i]) + mx[i] - tl[i];
         (*count)++;
     }
-    if (!backward) return;
-    for (int i = 0; i < rows; i++) {
-        float *l = t->logits + (size_t)i * Vl;
-        if (tg[i] < 0) {
-            memset(l, 0, (size_t)Vl * sizeof(float));
-            continue;
-        }
-        const double inv = 1.0 / t->ce_sum[i];
-        for (int j = 0; j < Vv; j++)
-            l[j] = (float)(grad_scale * (exp((double)l[j] - t->ce_max[i]) * inv));
-        for (int j = Vv; j < Vl; j++) l[j] = 0.0f;
-        int local = tg[i] - v0;
-        if (local >= 0 && local < Vl) l[local] -= grad_scale;
-    }
+    if (backward)
+        en_op_ce_vp_bwd(be, t->logits, t->logits, t->ce_max, t->ce_st, tg, v0, grad_scale, rows,
+                        Vl, Vv);
 }
 
 static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets, int backward,

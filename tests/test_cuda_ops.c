@@ -35,13 +35,17 @@
  * `test_cuda_ops --cpu-as-cuda` runs the whole harness with a second CPU
  * backend in the place of CUDA: it checks the test itself (buffer sizes,
  * offsets, prefills; under ASan too) where there is no GPU, and every
- * difference must then be exactly 0.
+ * difference must then be exactly 0. `test_cuda_ops --guard` does the same
+ * with the guard backend (tests/backend_guard.h) in the place of CUDA: also
+ * exactly 0, and the harness must reach device buffers only through upload
+ * and download, and hand ops device buffers only (else it aborts).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_guard.h"
 #include "common/backend.h"
 #include "test_util.h"
 
@@ -115,7 +119,7 @@ typedef struct op_stat {
 #define MAX_OPS 64
 
 typedef struct harness {
-    en_backend *cpu, *dev; /* dev: CUDA, or a second CPU backend (--cpu-as-cuda) */
+    en_backend *cpu, *dev; /* dev: CUDA, a second CPU backend (--cpu-as-cuda) or guard */
     en_test_rng rng;
     op_stat stats[MAX_OPS];
     int n_stats;
@@ -1634,7 +1638,9 @@ out:
 }
 
 int main(int argc, char **argv) {
-    const int self_check = argc > 1 && strcmp(argv[1], "--cpu-as-cuda") == 0;
+    const int as_cpu = argc > 1 && strcmp(argv[1], "--cpu-as-cuda") == 0;
+    const int guard = argc > 1 && strcmp(argv[1], "--guard") == 0;
+    const int self_check = as_cpu || guard;
     harness h;
     memset(&h, 0, sizeof h);
     h.rng.s = 0xc0dac0da;
@@ -1644,9 +1650,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (self_check) {
-        printf("--cpu-as-cuda: a second CPU backend stands in for CUDA (checks the harness; "
-               "every difference must be 0)\n");
-        if (en_backend_cpu_create(NULL, &h.dev, &err) != EN_OK) {
+        printf("%s stands in for CUDA (checks the harness; every difference must be 0)\n",
+               guard ? "--guard: the guard backend" : "--cpu-as-cuda: a second CPU backend");
+        const en_status st = guard ? en_backend_guard_create(NULL, &h.dev, &err)
+                                   : en_backend_cpu_create(NULL, &h.dev, &err);
+        if (st != EN_OK) {
             fprintf(stderr, "test_cuda_ops: %s\n", err.msg);
             return 1;
         }
@@ -1825,7 +1833,7 @@ int main(int argc, char **argv) {
     print_table(&h);
     if (self_check)
         for (int i = 0; i < h.n_stats; i++)
-            CHECK(h.stats[i].max_abs == 0.0, "--cpu-as-cuda: %s differs (%.3g)", h.stats[i].op,
+            CHECK(h.stats[i].max_abs == 0.0, "%s: %s differs (%.3g)", argv[1], h.stats[i].op,
                   h.stats[i].max_abs);
     en_backend_destroy(h.dev);
     en_backend_destroy(h.cpu);

@@ -26,13 +26,19 @@
  * with EN_ERR_UNSUPPORTED and the test exits 77 (skipped) printing its
  * message. `test_cuda_train --cpu-as-cuda` runs everything with a second CPU
  * backend in the place of CUDA, to check the test itself where there is no
- * GPU.
+ * GPU. `test_cuda_train --guard` puts the guard backend (tests/backend_guard.h)
+ * there instead, over every family fixture (k_guard_models; llama_dynamic's
+ * 32 positions are too few for SEQ): the model, the trainer and this harness
+ * must then reach device buffers only through the backend (upload,
+ * download, ops), or the run aborts with a backtrace of the offending
+ * access.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_guard.h"
 #include "common/backend.h"
 #include "models/model.h"
 #include "models/train.h"
@@ -64,6 +70,13 @@
 #define WEIGHT_DECAY 0.1f
 
 static const char *const k_models[] = {"llama_gqa_tied", "mistral"};
+/* --guard (no GPU time): every family fixture, so that each family's layer
+ * code is shown to touch device buffers only through the backend. */
+static const char *const k_guard_models[] = {
+    "llama_gqa_tied", "mistral",   "llama_mha",     "llama_linear_hd", "llama3_rope", "llama_yarn",
+    "llama_bf16",     "llama_f16", "llama_sharded", "gemma2",          "gemma3",      "gpt2",
+    "phi3",           "qwen2",     "qwen2_swa",     "qwen3",
+};
 
 static void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -346,7 +359,8 @@ static void test_train(const char *model, en_backend *cpu, en_backend *dev, en_m
 }
 
 int main(int argc, char **argv) {
-    const int self_check = argc > 1 && strcmp(argv[1], "--cpu-as-cuda") == 0;
+    const int as_cpu = argc > 1 && strcmp(argv[1], "--cpu-as-cuda") == 0;
+    const int guard = argc > 1 && strcmp(argv[1], "--guard") == 0;
     en_backend *cpu = NULL, *dev = NULL;
     en_err err = {0};
     en_backend_config bc = en_backend_config_default();
@@ -354,9 +368,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_cuda_train: %s\n", err.msg);
         return 1;
     }
-    if (self_check) {
-        printf("--cpu-as-cuda: a second CPU backend stands in for CUDA (checks the harness)\n");
-        if (en_backend_cpu_create(&bc, &dev, &err) != EN_OK) {
+    if (as_cpu || guard) {
+        printf("%s stands in for CUDA (checks the harness)\n",
+               guard ? "--guard: the guard backend" : "--cpu-as-cuda: a second CPU backend");
+        if ((guard ? en_backend_guard_create(&bc, &dev, &err)
+                   : en_backend_cpu_create(&bc, &dev, &err)) != EN_OK) {
             fprintf(stderr, "test_cuda_train: %s\n", err.msg);
             return 1;
         }
@@ -380,9 +396,12 @@ int main(int argc, char **argv) {
     printf("CUDA vs CPU: generation (logits tolerance %.0e), one training step per recompute "
            "mode (loss %.0e, gradients %.0e, max|diff| / max|cpu|), one AdamW step:\n",
            LOGIT_TOL, LOSS_TOL, GRAD_TOL);
-    for (size_t i = 0; i < sizeof k_models / sizeof k_models[0]; i++) {
+    const char *const *models = guard ? k_guard_models : k_models;
+    const size_t n_models = guard ? sizeof k_guard_models / sizeof k_guard_models[0]
+                                  : sizeof k_models / sizeof k_models[0];
+    for (size_t i = 0; i < n_models; i++) {
         char dir[512];
-        snprintf(dir, sizeof dir, "%s/hf/%s", EN_FIXTURES, k_models[i]);
+        snprintf(dir, sizeof dir, "%s/hf/%s", EN_FIXTURES, models[i]);
         en_model_params mp = en_model_params_default();
         en_model *mc = NULL, *md = NULL;
         mp.backend = cpu;
@@ -391,8 +410,8 @@ int main(int argc, char **argv) {
         CHECK(en_model_load(dir, &mp, &md, &err) == EN_OK, "%s on cuda: %s", dir, err.msg);
         if (mc && md) {
             /* Generation first: the AdamW step at the end changes the weights. */
-            test_generate(k_models[i], mc, md, &r);
-            test_train(k_models[i], cpu, dev, mc, md, &r);
+            test_generate(models[i], mc, md, &r);
+            test_train(models[i], cpu, dev, mc, md, &r);
         }
         en_model_destroy(mc);
         en_model_destroy(md);

@@ -8,6 +8,9 @@
  * on the backend's one stream. Ops are asynchronous; download, sumsq and
  * sync wait for the stream. Compiled instead of backend_cuda_none.c when
  * ENERGON_CUDA=ON; tests/test_backend_ops.c runs it against backend_cpu.c.
+ * Also here: en_backend_cuda_device_count (how front ends spread ranks over
+ * GPUs) and en_backend_cuda_stream (the one stream, handed to the NCCL
+ * communicator so that its collectives are ordered with the ops).
  *
  * Owned here: the stream, the cuBLASLt state (matmul.cu), device scratch
  * (rmsnorm_bwd's row scales, layernorm_bwd's row statistics, sumsq's
@@ -454,6 +457,31 @@ static void cuda_cross_entropy_bwd(en_backend *be, float *dlogits, const float *
     en_cuda_cross_entropy_bwd(c->stream, dlogits, logits, dtg, scale, T, V);
 }
 
+static void cuda_ce_vp_max(en_backend *be, float *mx, const float *logits, int T, int V, int n) {
+    cuda_ctx *c = enter(be, "ce_vp_max");
+    wrote(c, mx, (size_t)T);
+    en_cuda_ce_vp_max(c->stream, mx, logits, T, V, n);
+}
+
+static void cuda_ce_vp_stats(en_backend *be, float *st, const float *logits, const float *mx,
+                             const int32_t *target, int v0, int T, int V, int n) {
+    cuda_ctx *c = enter(be, "ce_vp_stats");
+    wrote(c, st, 2 * (size_t)T);
+    const int32_t *dtg = NULL;
+    stage_idx(c, "ce_vp_stats", target, (size_t)T, &dtg, NULL, 0, NULL);
+    en_cuda_ce_vp_stats(c->stream, st, logits, mx, dtg, v0, T, V, n);
+}
+
+static void cuda_ce_vp_bwd(en_backend *be, float *dlogits, const float *logits, const float *mx,
+                           const float *st, const int32_t *target, int v0, float scale, int T,
+                           int V, int n) {
+    cuda_ctx *c = enter(be, "ce_vp_bwd");
+    wrote(c, dlogits, (size_t)T * (size_t)V);
+    const int32_t *dtg = NULL;
+    stage_idx(c, "ce_vp_bwd", target, (size_t)T, &dtg, NULL, 0, NULL);
+    en_cuda_ce_vp_bwd(c->stream, dlogits, logits, mx, st, dtg, v0, scale, T, V, n);
+}
+
 /* ---- 16-bit weights ---- */
 
 /* At least `bytes` of the 16-bit ops' scratch (NULL for 0). Grows like the
@@ -675,6 +703,9 @@ static const en_backend_ops cuda_ops = {
     /* .attention_store = */ cuda_attention_store,
     /* .attention_bwd_stored = */ cuda_attention_bwd_stored,
     /* .cross_entropy_bwd = */ cuda_cross_entropy_bwd,
+    /* .ce_vp_max = */ cuda_ce_vp_max,
+    /* .ce_vp_stats = */ cuda_ce_vp_stats,
+    /* .ce_vp_bwd = */ cuda_ce_vp_bwd,
     /* .sumsq = */ cuda_sumsq,
     /* .scale = */ cuda_scale,
     /* .adamw = */ cuda_adamw,
@@ -795,4 +826,18 @@ fail:
     ctx_release(c);
     en_free(be);
     return st;
+}
+
+extern "C" int en_backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 0) {
+        (void)cudaGetLastError(); /* no driver or no device: not sticky, clear it */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void *en_backend_cuda_stream(en_backend *be) {
+    if (!be || be->ops != &cuda_ops) return NULL;
+    return (void *)((cuda_ctx *)be->ctx)->stream;
 }

@@ -77,3 +77,75 @@ void en_cuda_cross_entropy_bwd(cudaStream_t s, float *dlogits, const float *logi
                                                                 V);
     EN_CUDA_LAUNCH_CHECK("cross_entropy_bwd");
 }
+
+/* ---- vocabulary-parallel pieces (en_op_ce_vp_*): one block per row,
+ * the CPU's formulas (backend_cpu_vocab_ce.c): exponentials and sums in
+ * double ---- */
+
+__global__ void ce_vp_max_kernel(float *__restrict__ mx, const float *__restrict__ logits, int V,
+                                 int n) {
+    __shared__ float shf[32];
+    const float *l = logits + (size_t)blockIdx.x * V;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, l[j]);
+    m = en_block_max(m, shf);
+    if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+
+__global__ void ce_vp_stats_kernel(float *__restrict__ st, const float *__restrict__ logits,
+                                   const float *__restrict__ mx,
+                                   const int32_t *__restrict__ target, int v0, int T, int V,
+                                   int n) {
+    __shared__ double shd[32];
+    const size_t t = blockIdx.x;
+    const float *l = logits + t * V;
+    const double m = (double)mx[t];
+    double se = 0.0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) se += exp((double)l[j] - m);
+    se = en_block_sum(se, shd);
+    if (threadIdx.x == 0) {
+        const int local = target[t] - v0;
+        st[t] = (float)se;
+        st[T + t] = target[t] >= 0 && local >= 0 && local < n ? l[local] : 0.0f;
+    }
+}
+
+/* dlogits may be logits: each thread reads only the elements it writes. */
+__global__ void ce_vp_bwd_kernel(float *dlogits, const float *logits, const float *__restrict__ mx,
+                                 const float *__restrict__ st, const int32_t *__restrict__ target,
+                                 int v0, float scale, int V, int n) {
+    const size_t t = blockIdx.x;
+    const float *l = logits + t * V;
+    float *g = dlogits + t * V;
+    const int tg = target[t];
+    if (tg < 0) {
+        for (int j = threadIdx.x; j < V; j += blockDim.x) g[j] = 0.0f;
+        return;
+    }
+    const double m = (double)mx[t], inv = 1.0 / (double)st[t];
+    const int local = tg - v0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = j < n ? (float)((double)scale * (exp((double)l[j] - m) * inv)) : 0.0f;
+        if (j == local && j < n) v -= scale;
+        g[j] = v;
+    }
+}
+
+void en_cuda_ce_vp_max(cudaStream_t s, float *mx, const float *logits, int T, int V, int n) {
+    ce_vp_max_kernel<<<(unsigned)T, CE_THREADS, 0, s>>>(mx, logits, V, n);
+    EN_CUDA_LAUNCH_CHECK("ce_vp_max");
+}
+
+void en_cuda_ce_vp_stats(cudaStream_t s, float *st, const float *logits, const float *mx,
+                         const int32_t *target, int v0, int T, int V, int n) {
+    ce_vp_stats_kernel<<<(unsigned)T, CE_THREADS, 0, s>>>(st, logits, mx, target, v0, T, V, n);
+    EN_CUDA_LAUNCH_CHECK("ce_vp_stats");
+}
+
+void en_cuda_ce_vp_bwd(cudaStream_t s, float *dlogits, const float *logits, const float *mx,
+                       const float *st, const int32_t *target, int v0, float scale, int T,
+                       int V, int n) {
+    ce_vp_bwd_kernel<<<(unsigned)T, CE_THREADS, 0, s>>>(dlogits, logits, mx, st, target, v0,
+                                                        scale, V, n);
+    EN_CUDA_LAUNCH_CHECK("ce_vp_bwd");
+}
