@@ -83,9 +83,8 @@ void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *hos
         return;
     }
     /* Vocab-parallel output: each rank computes its V/tp columns; the
-     * all-gather gives (rank, row, V/tp), put back in (row, V) order.
-     * Host buffers: tensor-parallel inference runs on the CPU backend
-     * (en_ctx_create refuses it on others). */
+     * all-gather gives (rank, row, V/tp), put back in (row, V) order by one
+     * strided row copy per rank (backend memory: any device). */
     const int Vl = hl->n_vocab;
     float *logits = c->logits;
     en_logits_fwd(m, c->lg_local, c->xn, nr, Vl);
@@ -97,9 +96,9 @@ void en_forward_chunk(en_ctx *c, const int32_t *ids, int n, int want, float *hos
     if (all != logits)
         for (int r = 0; r < m->tp_size; r++) {
             int cols = V - r * Vl < Vl ? V - r * Vl : Vl; /* the padding is dropped */
-            for (int t = 0; t < nr && cols > 0; t++)
-                memcpy(logits + (size_t)t * V + (size_t)r * Vl, all + ((size_t)r * nr + t) * Vl,
-                       (size_t)cols * sizeof(float));
+            if (cols > 0)
+                en_op_rows_scatter(be, logits + (size_t)r * Vl, (size_t)V, c->rows,
+                                   all + (size_t)r * nr * Vl, (size_t)Vl, nr, cols);
         }
-    if (host) memcpy(host, logits, (size_t)nr * V * sizeof(float));
+    if (host) en_backend_download(be, host, logits, (size_t)nr * V * sizeof(float));
 }

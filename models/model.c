@@ -671,10 +671,6 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
     if (m->tp_size > 1 && m->lora)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "LoRA adapters with tensor parallelism are not supported yet (issue #4)");
-    if (m->tp_size > 1 && strcmp(en_backend_name(m->be), "cpu") != 0)
-        return EN_ERR(err, EN_ERR_UNSUPPORTED,
-                      "tensor-parallel inference runs on the CPU backend only so far (its "
-                      "vocab-parallel logits are gathered in host memory)");
     const en_model_hparams *hp = &m->hp;
     en_ctx_params d = p ? *p : en_ctx_params_default();
     if (d.n_ctx < 0 || d.n_batch < 0)
@@ -715,15 +711,18 @@ en_status en_ctx_create(en_model *m, const en_ctx_params *p, en_ctx **out, en_er
     c->pos = en_malloc(B * sizeof(int32_t));
     if (m->tp_size > 1) {
         c->ids_local = en_malloc(B * sizeof(int32_t));
-        c->lg_local = en_malloc(B * (size_t)hl->n_vocab * sizeof(float));
-        c->lg_gather = en_malloc(B * (size_t)hl->n_vocab * (size_t)m->tp_size * sizeof(float));
+        c->lg_local = en_backend_alloc(be, B * (size_t)hl->n_vocab * sizeof(float));
+        c->lg_gather =
+            en_backend_alloc(be, B * (size_t)hl->n_vocab * (size_t)m->tp_size * sizeof(float));
+        c->rows = en_malloc(B * sizeof(int32_t));
+        for (size_t r = 0; c->rows && r < B; r++) c->rows[r] = (int32_t)r;
     }
     c->logits = en_backend_alloc(be, B * (size_t)hp->n_vocab * sizeof(float));
     c->nll = en_backend_alloc(be, B * sizeof(float));
     c->nll_h = en_malloc(B * sizeof(float));
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->att || !c->gate || !c->up ||
         !c->pos || !c->logits || !c->nll || !c->nll_h || !c->tmp || (m->lora && !c->lora_u) ||
-        (m->tp_size > 1 && (!c->ids_local || !c->lg_local || !c->lg_gather))) {
+        (m->tp_size > 1 && (!c->ids_local || !c->lg_local || !c->lg_gather || !c->rows))) {
         en_ctx_destroy(c);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a context of %d tokens (%zu MiB KV)",
                       d.n_ctx, 2 * cache >> 20);
@@ -747,8 +746,9 @@ void en_ctx_destroy(en_ctx *c) {
     en_backend_free(be, c->lora_u);
     en_free(c->pos);
     en_free(c->ids_local);
-    en_free(c->lg_local);
-    en_free(c->lg_gather);
+    en_backend_free(be, c->lg_local);
+    en_backend_free(be, c->lg_gather);
+    en_free(c->rows);
     en_backend_free(be, c->logits);
     en_backend_free(be, c->nll);
     en_free(c->nll_h);

@@ -331,8 +331,9 @@ struct en_ctx {
     float *tmp;    /* (B, max(C, F, H*D)) */
     float *lora_u; /* (B, r) or NULL */
     int32_t *ids_local; /* (B) tensor parallel: ids inside this rank's vocab slice */
-    float *lg_local;    /* (B, V/tp) this rank's logits, gathered into logits */
-    float *lg_gather;   /* (tp, B, V/tp) the all-gather's result */
+    float *lg_local;    /* (B, V/tp) backend: this rank's logits, gathered into logits */
+    float *lg_gather;   /* (tp, B, V/tp) backend: the all-gather's result */
+    int32_t *rows;      /* (B) host: 0, 1, ... B-1 (rows_scatter's row list) */
 };
 
 /* Writer items for the weights at host (laid out as specs) the way a

@@ -197,7 +197,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
             en_model_tp_row_block(m, t->tensors[i].name, &parts, &idx);
             if (t->tensors[i].n_elem * (size_t)parts > big) big = t->tensors[i].n_elem * (size_t)parts;
         }
-        t->kv_scratch = en_malloc((big ? big : 1) * sizeof(float));
+        t->kv_scratch = en_backend_alloc(be, (big ? big : 1) * sizeof(float));
         if (!t->kv_scratch) goto oom;
     }
     if (t->sp) {
@@ -293,7 +293,7 @@ void en_train_destroy(en_train *t) {
     en_backend_free(t->be, t->ce_st);
     en_free(t->ce_h);
     en_free(t->nll_h);
-    en_free(t->kv_scratch);
+    en_backend_free(t->be, t->kv_scratch);
     en_free(t);
 }
 
@@ -493,10 +493,11 @@ void en_train_reduce_grads(en_train *t) {
             en_model_tp_row_block(m, t->tensors[i].name, &parts, &idx);
             size_t ne = t->tensors[i].n_elem;
             float *g = t->grads + t->tensors[i].offset;
-            memset(t->kv_scratch, 0, ne * (size_t)parts * sizeof(float));
-            memcpy(t->kv_scratch + (size_t)idx * ne, g, ne * sizeof(float));
-            en_model_tp_allreduce(m, t->kv_scratch, ne * (size_t)parts);
-            memcpy(g, t->kv_scratch + (size_t)idx * ne, ne * sizeof(float));
+            float *all = t->kv_scratch;
+            zero(t->be, all, ne * (size_t)parts);
+            en_backend_copy(t->be, all + (size_t)idx * ne, g, ne * sizeof(float));
+            en_model_tp_allreduce(m, all, ne * (size_t)parts);
+            en_backend_copy(t->be, g, all + (size_t)idx * ne, ne * sizeof(float));
         }
     }
 }
