@@ -9,7 +9,8 @@
  *    at once;
  *  - MPI on CPU buffers (comm_mpi.c, the only file that includes mpi.h): the
  *    processes are started by mpirun or srun, there is no launcher of our own;
- *  - NCCL on GPU buffers comes with the CUDA backend (issue #6).
+ *  - NCCL on GPU buffers (comm_nccl.c, the only file that includes nccl.h),
+ *    made over an MPI communicator for runs on the CUDA backend.
  *
  * Layout of the groups for world size W and tensor-parallel size tp (W is a
  * multiple of tp), with w the world rank:
@@ -21,8 +22,18 @@
  * Example W = 4, tp = 2: TP groups {0,1} {2,3}; DP groups {0,2} {1,3}.
  *
  * Conventions for the collectives:
- *  - buffers are host memory (float32 unless the name says otherwise),
- *    borrowed for the duration of the call; no collective keeps a pointer;
+ *  - memory: float32 buffers of collectives (all-reduce sum and max,
+ *    all-gather, reduce-scatter) are BACKEND memory, from en_backend_alloc
+ *    of the run's backend: host memory for the CPU backend (single and MPI
+ *    communicators), device memory for the CUDA backend (the NCCL
+ *    communicator, which refuses a plain host buffer with EN_ERR_ARG).
+ *    float64 statistics (en_comm_allreduce_sum_f64: losses, token counts,
+ *    norms) are HOST memory in every implementation; NCCL sends them
+ *    through its MPI communicator. Broadcast takes either (NCCL looks at
+ *    where the buffer lives); barrier and agree move no caller memory;
+ *  - buffers are borrowed for the duration of the call; no collective keeps
+ *    a pointer. On NCCL a collective is ordered after the backend's earlier
+ *    ops (it runs on the backend's stream) and complete when it returns;
  *  - every rank of the group must call the same collective with the same
  *    sizes (and root), in the same order; a rank that never arrives makes the
  *    others wait until the configured timeout, which then aborts the whole
@@ -133,14 +144,18 @@ en_status en_comm_create_mpi(const en_comm_config *cfg, en_comm **out, en_err *e
 int en_comm_launched_by_mpi(void);
 
 /* NCCL on GPU buffers (builds with CUDA and NCCL): the same world, TP and DP
- * groups as `mpi` (borrowed, must outlive the result), each process driving
- * GPU `device`. The NCCL communicators are made from unique ids broadcast
- * over the MPI groups. Collectives are enqueued on `stream` (a cudaStream_t;
- * NULL = the default stream) and waited for, polling, at most timeout_s
- * (0 = 300 s): a collective that does not finish aborts the communicators
- * and returns EN_ERR_COMM naming the rank, the operation and the group.
- * en_comm_agree goes through `mpi` (statuses live on the host). Without
- * NCCL in the build: EN_ERR_UNSUPPORTED. */
+ * groups as `mpi` (borrowed, must outlive the result and be destroyed after
+ * it, since it may finalize MPI), each process driving GPU `device`. The
+ * NCCL communicators are made from unique ids broadcast over the MPI groups
+ * (collective over the world: every rank calls it; groups of one rank get
+ * none). Collectives are enqueued on `stream` (a cudaStream_t: the CUDA
+ * backend's, en_backend_cuda_stream; NULL = the default stream) and waited
+ * for, polling, at most timeout_s (0 = 300 s): a collective that does not
+ * finish aborts the communicators and returns EN_ERR_COMM naming the rank,
+ * the operation and the group. The host-memory calls (float64 all-reduce,
+ * a broadcast of host memory, barrier, en_comm_agree) go through `mpi`;
+ * see the memory convention at the top. Without NCCL in the build:
+ * EN_ERR_UNSUPPORTED. */
 en_status en_comm_create_nccl(en_comm *mpi, int device, void *stream, double timeout_s,
                               en_comm **out, en_err *err);
 
@@ -153,7 +168,7 @@ void en_comm_destroy(en_comm *c);
 int en_comm_rank(const en_comm *c, en_group g);
 int en_comm_size(const en_comm *c, en_group g);
 
-/* Static name of the implementation: "single", "mpi". */
+/* Static name of the implementation: "single", "mpi", "nccl". */
 const char *en_comm_name(const en_comm *c);
 
 /* buf(n) = sum over the ranks of g of their buf(n), in place, on every rank.
@@ -163,7 +178,8 @@ const char *en_comm_name(const en_comm *c);
 en_status en_comm_allreduce_sum(en_comm *c, en_group g, float *buf, size_t n, en_err *err);
 
 /* As en_comm_allreduce_sum for float64 buffers (loss and norm statistics,
- * where the order of a float32 sum would show). */
+ * where the order of a float32 sum would show). HOST memory in every
+ * implementation (NCCL sends it through its MPI communicator). */
 en_status en_comm_allreduce_sum_f64(en_comm *c, en_group g, double *buf, size_t n,
                                     en_err *err);
 
@@ -187,7 +203,8 @@ en_status en_comm_reduce_scatter_sum(en_comm *c, en_group g, const float *send, 
                                      size_t n_per_rank, en_err *err);
 
 /* buf(bytes) on every rank of g = buf of the rank `root` (a rank within g),
- * in place. Any bytes (configs, token ids, weights at load time). */
+ * in place. Any bytes (configs, token ids, weights at load time), in host
+ * or backend memory (every rank passes the same kind). */
 en_status en_comm_broadcast(en_comm *c, en_group g, void *buf, size_t bytes, int root,
                             en_err *err);
 

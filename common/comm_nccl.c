@@ -10,6 +10,13 @@
  * peer that died or hangs is noticed after the timeout instead of blocking
  * forever: the NCCL communicators are aborted and EN_ERR_COMM returned.
  *
+ * Memory (comm.h): the float32 collectives take device memory (the CUDA
+ * backend's buffers) and run on NCCL; a plain host buffer is refused with a
+ * message instead of faulting inside a kernel. The float64 all-reduces
+ * (loss and norm statistics, host memory by convention), barrier and agree
+ * go through the MPI communicator, and broadcast goes wherever its buffer
+ * lives (host: MPI; device: NCCL).
+ *
  * Not verified on a GPU in this repository yet (no device was lent to the
  * session that wrote it); it compiles and links in every CUDA build.
  */
@@ -75,6 +82,27 @@ static en_status nccl_wait(en_comm *c, en_group g, const char *op, en_err *err) 
     }
 }
 
+/* 1 when p is memory a kernel can reach: device or managed memory, or
+ * host memory CUDA has pinned (mapped into the device's address space). */
+static int device_visible(const void *p) {
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not a CUDA pointer at all */
+        return 0;
+    }
+    return a.type != cudaMemoryTypeUnregistered;
+}
+
+static en_status check_device(const en_comm *c, en_group g, const char *op, const void *p,
+                              en_err *err) {
+    if (device_visible(p)) return EN_OK;
+    return EN_ERR(err, EN_ERR_ARG,
+                  "rank %d: %s on the %s group got host memory (%p): the NCCL communicator's "
+                  "float32 collectives take the CUDA backend's buffers (comm.h)",
+                  c->rank[0], op, group_name(g), p);
+}
+
 #define NCCL_CALL(c, g, op, call)                                              \
     do {                                                                       \
         nccl_ctx *x_ = (c)->ctx;                                               \
@@ -90,14 +118,19 @@ static en_status nccl_wait(en_comm *c, en_group g, const char *op, en_err *err) 
 static en_status nccl_allreduce(en_comm *c, en_group g, void *buf, size_t n, en_comm_dtype dt,
                                 en_comm_redop op, en_err *err) {
     nccl_ctx *x = c->ctx;
+    /* float64: statistics in host memory (comm.h), summed by MPI */
+    if (dt == EN_COMM_F64) return x->mpi->ops->allreduce(x->mpi, g, buf, n, dt, op, err);
+    EN_TRY(check_device(c, g, "all-reduce", buf, err));
     NCCL_CALL(c, g, "all-reduce",
-              ncclAllReduce(buf, buf, n, dt == EN_COMM_F64 ? ncclFloat64 : ncclFloat32,
-                            op == EN_COMM_MAX ? ncclMax : ncclSum, x->comm[g], x->stream));
+              ncclAllReduce(buf, buf, n, ncclFloat32, op == EN_COMM_MAX ? ncclMax : ncclSum,
+                            x->comm[g], x->stream));
 }
 
 static en_status nccl_allgather(en_comm *c, en_group g, const float *send, float *recv,
                                 size_t n_per_rank, en_err *err) {
     nccl_ctx *x = c->ctx;
+    EN_TRY(check_device(c, g, "all-gather", send, err));
+    EN_TRY(check_device(c, g, "all-gather", recv, err));
     NCCL_CALL(c, g, "all-gather",
               ncclAllGather(send, recv, n_per_rank, ncclFloat32, x->comm[g], x->stream));
 }
@@ -105,6 +138,8 @@ static en_status nccl_allgather(en_comm *c, en_group g, const float *send, float
 static en_status nccl_reduce_scatter(en_comm *c, en_group g, const float *send, float *recv,
                                      size_t n_per_rank, en_err *err) {
     nccl_ctx *x = c->ctx;
+    EN_TRY(check_device(c, g, "reduce-scatter", send, err));
+    EN_TRY(check_device(c, g, "reduce-scatter", recv, err));
     NCCL_CALL(c, g, "reduce-scatter",
               ncclReduceScatter(send, recv, n_per_rank, ncclFloat32, ncclSum, x->comm[g],
                                 x->stream));
@@ -113,6 +148,8 @@ static en_status nccl_reduce_scatter(en_comm *c, en_group g, const float *send, 
 static en_status nccl_broadcast(en_comm *c, en_group g, void *buf, size_t bytes, int root,
                                 en_err *err) {
     nccl_ctx *x = c->ctx;
+    /* configs, ids and weights read at load are host memory: MPI */
+    if (!device_visible(buf)) return x->mpi->ops->broadcast(x->mpi, g, buf, bytes, root, err);
     NCCL_CALL(c, g, "broadcast",
               ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->comm[g], x->stream));
 }
@@ -129,8 +166,16 @@ static en_status nccl_agree(en_comm *c, en_status local, en_err *err) {
 }
 
 static void nccl_copy(en_comm *c, void *dst, const void *src, size_t bytes) {
+    /* ordered on the backend's stream with what reads dst next; Default
+     * (unified addressing) so that host buffers copy too */
     nccl_ctx *x = c->ctx;
-    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, x->stream);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, x->stream);
+    if (e != cudaSuccess) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "NCCL communicator: local copy of %zu bytes: %s", bytes,
+                 cudaGetErrorString(e));
+        en_abort(__FILE__, __LINE__, msg);
+    }
 }
 
 static void nccl_destroy(en_comm *c) {

@@ -86,23 +86,15 @@ int en_cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) 
     return 1;
 }
 
-int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
-                     int *bad) {
-    const char *v;
-    if (en_cli_flag(argc, argv, i, "--model", &v, bad)) {
-        o->dir = v;
-        return 1;
-    }
-    if (en_cli_flag(argc, argv, i, "--adapter", &v, bad)) {
-        o->adapter = v;
-        return 1;
-    }
+int en_cli_device_flag(const char *cmd, int argc, char **argv, int *i, const char **device,
+                       const char **precision, int *bad) {
+    const char *v = NULL;
     if (en_cli_flag(argc, argv, i, "--device", &v, bad)) {
         if (!*bad && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
             en_cli_error(cmd, "--device: '%s' is not one of cpu, cuda", v);
             *bad = 1;
         }
-        o->device = v;
+        if (!*bad) *device = v;
         return 1;
     }
     if (en_cli_flag(argc, argv, i, "--precision", &v, bad)) {
@@ -110,7 +102,117 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
             en_cli_error(cmd, "--precision: '%s' is not one of fp32, tf32, bf16", v);
             *bad = 1;
         }
-        o->precision = v;
+        if (!*bad) *precision = v;
+        return 1;
+    }
+    return 0;
+}
+
+/* The launcher's node-local rank of this process, or -1 when it gives none. */
+static int launcher_local_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                       "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+    for (size_t k = 0; k < sizeof vars / sizeof vars[0]; k++) {
+        const char *v = getenv(vars[k]);
+        if (!v || !*v) continue;
+        char *end;
+        errno = 0;
+        long r = strtol(v, &end, 10);
+        if (!errno && !*end && r >= 0 && r < 1L << 30) return (int)r;
+    }
+    return -1;
+}
+
+int en_cli_runtime_create(const char *cmd, const en_cli_runtime_opts *o, en_cli_runtime *rt) {
+    memset(rt, 0, sizeof *rt);
+    rt->gpu = -1;
+    en_err err = {0};
+    const int cuda = o->device && strcmp(o->device, "cuda") == 0;
+    /* bf16 GEMMs with float32 accumulation by default on a GPU (issue #6);
+     * the CPU computes in float32 only. */
+    const char *prec = o->precision ? o->precision : cuda ? "bf16" : "fp32";
+    if (!cuda && strcmp(prec, "fp32") != 0) {
+        en_cli_error(cmd, "--precision %s needs --device cuda (the CPU computes in fp32 only)",
+                     prec);
+        return EN_EXIT_USAGE;
+    }
+    const int tp = o->tp > 1 ? o->tp : 1;
+    en_status s = EN_OK;
+    if (en_comm_launched_by_mpi()) {
+        en_comm_config cc = en_comm_config_default();
+        cc.tp = tp;
+        s = en_comm_create_mpi(&cc, &rt->mpi, &err);
+        if (s == EN_OK && o->tp_is_world && en_comm_size(rt->mpi, EN_GROUP_WORLD) != tp)
+            s = EN_ERR(&err, EN_ERR_ARG,
+                       "--tp %d: %s runs tensor parallel over all ranks; start it with "
+                       "mpirun -np %d",
+                       tp, cmd, tp);
+        if (s != EN_OK) { /* every rank gets here, with the same message */
+            en_cli_error(cmd, "%s", err.msg);
+            en_cli_runtime_destroy(rt);
+            return EN_EXIT_ERROR;
+        }
+    } else if (tp > 1) {
+        if (o->tp_is_world)
+            en_cli_error(cmd, "--tp %d needs %d processes: start energon with mpirun -np %d",
+                         tp, tp, tp);
+        else
+            en_cli_error(cmd, "--tp %d needs %d processes: start energon with mpirun -np N (N a "
+                              "multiple of %d)", tp, tp, tp);
+        return EN_EXIT_USAGE;
+    }
+    en_backend_config bc = en_backend_config_default();
+    bc.n_threads = o->n_threads;
+    bc.precision = strcmp(prec, "bf16") == 0   ? EN_PRECISION_BF16
+                   : strcmp(prec, "tf32") == 0 ? EN_PRECISION_TF32
+                                               : EN_PRECISION_FP32;
+    if (cuda) {
+        /* rank r of a node drives GPU r mod (GPUs it sees); with no GPU the
+         * backend says so */
+        int local = 0;
+        if (rt->mpi) {
+            local = launcher_local_rank();
+            if (local < 0) local = en_comm_rank(rt->mpi, EN_GROUP_WORLD);
+        }
+        const int n = en_backend_cuda_device_count();
+        rt->gpu = n > 0 ? local % n : 0;
+        s = en_backend_cuda_create(rt->gpu, &bc, &rt->be, &err);
+    } else {
+        s = en_backend_cpu_create(&bc, &rt->be, &err);
+    }
+    if (rt->mpi) s = en_comm_agree(rt->mpi, s, &err); /* all ranks fail together */
+    if (s == EN_OK && cuda && rt->mpi)
+        s = en_comm_create_nccl(rt->mpi, rt->gpu, en_backend_cuda_stream(rt->be), 0.0,
+                                &rt->nccl, &err);
+    if (s != EN_OK) {
+        /* agreed: the same message on every rank, printed once */
+        if (!rt->mpi || en_comm_rank(rt->mpi, EN_GROUP_WORLD) == 0)
+            en_cli_error(cmd, "%s", err.msg);
+        en_cli_runtime_destroy(rt);
+        return EN_EXIT_ERROR;
+    }
+    rt->comm = rt->nccl ? rt->nccl : rt->mpi;
+    return EN_EXIT_OK;
+}
+
+void en_cli_runtime_destroy(en_cli_runtime *rt) {
+    en_comm_destroy(rt->nccl); /* uses the backend's stream and the MPI groups */
+    en_backend_destroy(rt->be);
+    en_comm_destroy(rt->mpi); /* last: it may finalize MPI */
+    memset(rt, 0, sizeof *rt);
+    rt->gpu = -1;
+}
+
+int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,
+                     int *bad) {
+    const char *v;
+    if (en_cli_device_flag(cmd, argc, argv, i, &o->device, &o->precision, bad)) return 1;
+    if (en_cli_flag(argc, argv, i, "--model", &v, bad)) {
+        o->dir = v;
+        return 1;
+    }
+    if (en_cli_flag(argc, argv, i, "--adapter", &v, bad)) {
+        o->adapter = v;
         return 1;
     }
     if (en_cli_flag(argc, argv, i, "--dtype", &v, bad)) {
@@ -139,49 +241,23 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
         en_cli_error(cmd, "--model DIR is required");
         return EN_EXIT_USAGE;
     }
-    const int cuda = o->device && strcmp(o->device, "cuda") == 0;
-    en_backend_config bc = en_backend_config_default();
-    bc.n_threads = o->n_threads;
-    /* bf16 GEMMs with float32 accumulation by default on a GPU (issue #6);
-     * the CPU computes in float32 only. */
-    const char *prec = o->precision ? o->precision : cuda ? "bf16" : "fp32";
-    if (!cuda && strcmp(prec, "fp32") != 0) {
-        en_cli_error(cmd, "--precision %s needs --device cuda (the CPU computes in fp32 only)",
-                     prec);
-        return EN_EXIT_USAGE;
-    }
-    bc.precision = strcmp(prec, "bf16") == 0   ? EN_PRECISION_BF16
-                   : strcmp(prec, "tf32") == 0 ? EN_PRECISION_TF32
-                                               : EN_PRECISION_FP32;
-    en_status s;
-    if (cuda)
-        s = en_backend_cuda_create(0, &bc, &out->be, &err);
-    else
-        s = en_backend_cpu_create(&bc, &out->be, &err);
-    if (s != EN_OK) {
-        en_cli_error(cmd, "%s", err.msg);
-        return EN_EXIT_ERROR;
-    }
+    /* the backend, and under mpirun one tensor-parallel group of all the
+     * ranks (NCCL with --device cuda) */
+    en_cli_runtime_opts ro = {.device = o->device,
+                              .precision = o->precision,
+                              .n_threads = o->n_threads,
+                              .tp = o->tp,
+                              .tp_is_world = 1};
+    int rc = en_cli_runtime_create(cmd, &ro, &out->rt);
+    if (rc != EN_EXIT_OK) return rc;
+    out->be = out->rt.be;
+    out->comm = out->rt.comm;
     en_model_params mp = en_model_params_default();
     mp.backend = out->be;
     mp.weights = en_weights_parse(o->dtype ? o->dtype : "auto");
-    if (en_comm_launched_by_mpi()) {
-        /* Under mpirun: one tensor-parallel group of all the ranks. */
-        en_comm_config cc = en_comm_config_default();
-        cc.tp = o->tp > 1 ? o->tp : 1;
-        s = en_comm_create_mpi(&cc, &out->comm, &err);
-        if (s == EN_OK && en_comm_size(out->comm, EN_GROUP_WORLD) != cc.tp)
-            s = EN_ERR(&err, EN_ERR_ARG,
-                       "--tp %d: %s runs tensor parallel over all ranks; start it with "
-                       "mpirun -np %d",
-                       cc.tp, cmd, cc.tp);
-        if (s != EN_OK) {
-            en_cli_error(cmd, "%s", err.msg);
-            en_cli_unload(out);
-            return EN_EXIT_ERROR;
-        }
+    if (out->comm) {
         mp.comm = out->comm;
-        mp.tp_size = cc.tp;
+        mp.tp_size = en_comm_size(out->comm, EN_GROUP_TP);
         mp.tp_rank = en_comm_rank(out->comm, EN_GROUP_TP);
         if (en_comm_rank(out->comm, EN_GROUP_WORLD) != 0) {
             /* rank 0 speaks for the group */
@@ -189,13 +265,8 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
             if (!freopen("/dev/null", "w", stdout)) { /* keep going: output is duplicated */
             }
         }
-    } else if (o->tp > 1) {
-        en_cli_error(cmd, "--tp %d needs %d processes: start energon with mpirun -np %d", o->tp,
-                     o->tp, o->tp);
-        en_cli_unload(out);
-        return EN_EXIT_USAGE;
     }
-    s = en_model_load(o->dir, &mp, &out->model, &err);
+    en_status s = en_model_load(o->dir, &mp, &out->model, &err);
     if (s != EN_OK) {
         en_cli_error(cmd, "%s", err.msg);
         en_cli_unload(out);
@@ -238,8 +309,7 @@ void en_cli_unload(en_cli_model *cm) {
     en_lora_destroy(cm->lora);
     en_model_destroy(cm->model);
     en_tokenizer_destroy(cm->tok);
-    en_backend_destroy(cm->be);
-    en_comm_destroy(cm->comm); /* last: it may finalize MPI */
+    en_cli_runtime_destroy(&cm->rt); /* NCCL, the backend, then MPI */
     memset(cm, 0, sizeof *cm);
 }
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "../common/backend.h"
+#include "../common/comm.h"
 #include "../models/model.h"
 #include "../tokenizer/chat.h"
 #include "../tokenizer/tokenizer.h"
@@ -34,13 +35,66 @@ int en_cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 /* Print "energon CMD: message" to stderr. */
 void en_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* What a command computes and communicates with: the backend of --device
+ * / --precision / --threads and, under mpirun or srun, the communicators.
+ * Made by en_cli_runtime_create, freed by en_cli_runtime_destroy. */
+typedef struct en_cli_runtime {
+    en_backend *be; /* owned */
+    /* The communicator the run's collectives use (borrowed from the two
+     * below): nccl when there is one, else mpi; NULL in a single process. */
+    en_comm *comm;
+    en_comm *nccl; /* owned: NCCL over mpi, with --device cuda under mpirun */
+    en_comm *mpi;  /* owned: under mpirun / srun; destroyed last (may finalize MPI) */
+    int gpu;       /* the CUDA device index of --device cuda; -1 on the CPU */
+} en_cli_runtime;
+
+typedef struct en_cli_runtime_opts {
+    const char *device; /* "cpu" (NULL = cpu) or "cuda" */
+    /* "fp32", "tf32" or "bf16" (en_precision); NULL = bf16 on cuda, fp32 on
+     * the CPU (its only one) */
+    const char *precision;
+    int n_threads; /* 0 = default */
+    int tp;        /* --tp under mpirun (0/1 = none) */
+    /* 1: the command is one tensor-parallel group of every rank (inference:
+     * the world size must equal tp); 0: data parallel across groups of tp
+     * adjacent ranks (finetune: the world a multiple of tp). */
+    int tp_is_world;
+} en_cli_runtime_opts;
+
+/* Makes the run's backend and communicators, in this order:
+ *  1. under mpirun / srun (en_comm_launched_by_mpi) the MPI communicator
+ *     with groups of tp ranks; outside it tp > 1 is a usage error;
+ *  2. the backend: the CPU, or with --device cuda the GPU (local rank) mod
+ *     (GPUs visible), where the local rank is the launcher's node-local rank
+ *     (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK,
+ *     SLURM_LOCALID) or else the world rank (0 in a single process). Without
+ *     a GPU, or in a build without CUDA, this fails with the backend's
+ *     message; every rank fails together (en_comm_agree);
+ *  3. with --device cuda under mpirun, the NCCL communicator over the MPI
+ *     one, on the backend's stream: rt.comm is then NCCL.
+ * Validates --precision against --device first (usage error). On failure
+ * prints "energon CMD: message" (once per job under mpirun where the ranks
+ * agreed) and returns EN_EXIT_USAGE or EN_EXIT_ERROR with *rt empty;
+ * EN_EXIT_OK otherwise. */
+int en_cli_runtime_create(const char *cmd, const en_cli_runtime_opts *o, en_cli_runtime *rt);
+/* NCCL, then the backend, then MPI (which may finalize MPI). Everything
+ * that borrows them (models, trainers) must be gone. Zeroes *rt; an empty
+ * or zeroed rt is a no-op. */
+void en_cli_runtime_destroy(en_cli_runtime *rt);
+
+/* --device cpu|cuda and --precision fp32|tf32|bf16, checked (a usage error
+ * names the flag). Returns 1 when argv[*i] was one of them. */
+int en_cli_device_flag(const char *cmd, int argc, char **argv, int *i, const char **device,
+                       const char **precision, int *bad);
+
 /* A loaded model: backend, weights and tokenizer (en_tokenizer_load). */
 typedef struct en_cli_model {
-    en_backend *be;
+    en_backend *be; /* borrowed from rt */
     en_model *model;
     en_tokenizer *tok;
     struct en_lora *lora; /* from --adapter, attached to model */
-    en_comm *comm;        /* under mpirun: the tensor-parallel group */
+    en_comm *comm;        /* under mpirun: the tensor-parallel group (borrowed from rt) */
+    en_cli_runtime rt;    /* owns the backend and the communicators */
 } en_cli_model;
 
 typedef struct en_cli_load_opts {
@@ -58,7 +112,9 @@ typedef struct en_cli_load_opts {
     const char *dtype;
 } en_cli_load_opts;
 
-/* Load; prints the error and returns EN_EXIT_ERROR on failure. */
+/* Load (the backend and communicators through en_cli_runtime_create, one
+ * tensor-parallel group of all ranks); prints the error and returns
+ * EN_EXIT_ERROR (EN_EXIT_USAGE for bad flags) on failure. */
 int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out);
 void en_cli_unload(en_cli_model *cm);
 

@@ -1,7 +1,10 @@
 /*
  * cmd_finetune.c - `energon finetune`: parse flags into an
  * en_finetune_config and run the loop (finetune/trainer.c). SIGINT and
- * SIGTERM ask the loop to save a checkpoint and stop.
+ * SIGTERM ask the loop to save a checkpoint and stop. The backend
+ * (--device, --precision, --threads; one GPU per rank) and the
+ * communicators (MPI under mpirun, NCCL over it on CUDA) come from
+ * en_cli_runtime_create, shared with the other model commands.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -68,15 +71,23 @@ static void usage(FILE *f) {
         "                         stored), full (keep only each layer's input) or none\n"
         "                         (also store the attention probabilities)\n"
         "  --threads N            CPU threads\n"
+        "device:\n"
+        "  --device cpu|cuda      where to compute (default cpu); cuda needs a GPU and a\n"
+        "                         CUDA build, and says so and exits 1 otherwise\n"
+        "  --precision P          fp32, tf32 or bf16: the GEMMs' arithmetic on cuda (default\n"
+        "                         bf16: bf16 inputs, fp32 accumulation, fp32 master weights\n"
+        "                         and AdamW moments); the CPU computes in fp32 only\n"
         "parallel (under mpirun / srun; one process per rank):\n"
         "  --tp T                 tensor-parallel size (groups of T adjacent ranks)\n"
         "  --sequence-parallel    with --tp > 1: norms and residuals hold 1/T of the tokens\n"
-        "  --zero 0|1             1: shard the AdamW moments across data-parallel ranks\n");
+        "  --zero 0|1             1: shard the AdamW moments across data-parallel ranks\n"
+        "  with --device cuda each rank drives GPU (node-local rank mod GPUs on the node)\n"
+        "  and the collectives run on NCCL\n");
 }
 
 int en_cmd_finetune(int argc, char **argv) {
     en_finetune_config c = en_finetune_config_default();
-    const char *resume = NULL, *device = NULL;
+    const char *resume = NULL, *device = NULL, *precision = NULL;
     int64_t steps_override = 0;
     int bad = 0, have_epochs = 0, tp = 1, zero = 0;
     en_err err = {0};
@@ -116,8 +127,8 @@ int en_cmd_finetune(int argc, char **argv) {
             c.run_dir = v;
         } else if (en_cli_flag(argc, argv, &i, "--resume", &v, &bad)) {
             resume = v;
-        } else if (en_cli_flag(argc, argv, &i, "--device", &v, &bad)) {
-            device = v;
+        } else if (en_cli_device_flag(CMD, argc, argv, &i, &device, &precision, &bad)) {
+            /* checked there: cpu|cuda, fp32|tf32|bf16 */
         } else if (en_cli_flag(argc, argv, &i, "--steps", &v, &bad)) {
             if (!bad && en_cli_int(CMD, "--steps", v, 1, 1 << 30, &iv)) c.steps = iv, steps_override = iv;
             else bad = 1;
@@ -197,17 +208,12 @@ int en_cmd_finetune(int argc, char **argv) {
 #undef FLOAT_FLAG
     }
     if (bad) return EN_EXIT_USAGE;
-    if (device && strcmp(device, "cpu") != 0) {
-        en_cli_error(CMD, "--device %s: fine-tuning runs on the CPU in this build (the CUDA "
-                          "backend is issue #6)", device);
-        return EN_EXIT_ERROR;
-    }
     void *keep = NULL;
     if (resume) {
         if (c.model_dir || c.n_data || c.chat_template) {
             en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
-                              "only --steps, --threads, --tp, --zero, --sequence-parallel and "
-                              "--dump-data may be given with it");
+                              "only --steps, --threads, --device, --precision, --tp, --zero, "
+                              "--sequence-parallel and --dump-data may be given with it");
             return EN_EXIT_USAGE;
         }
         int threads = c.n_threads, sp = c.sequence_parallel, rec = c.recompute;
@@ -232,36 +238,27 @@ int en_cmd_finetune(int argc, char **argv) {
             return EN_EXIT_USAGE;
         }
     }
-    /* Under mpirun / srun: one rank per process, data parallel across the
-     * ranks (tensor parallel groups of --tp adjacent ranks). */
-    en_comm *comm = NULL;
-    if (en_comm_launched_by_mpi()) {
-        en_comm_config cc = en_comm_config_default();
-        cc.tp = tp;
-        if (en_comm_create_mpi(&cc, &comm, &err) != EN_OK) {
-            en_cli_error(CMD, "%s", err.msg);
-            if (keep) en_finetune_config_free(keep);
-            return EN_EXIT_ERROR;
-        }
-        if (en_comm_rank(comm, EN_GROUP_WORLD) != 0) /* rank 0 reports for all */
-            en_log_set_sink(NULL, NULL, EN_LOG_ERROR);
-    } else if (tp > 1) {
-        en_cli_error(CMD, "--tp %d needs %d processes: start energon with mpirun -np N (N a "
-                          "multiple of %d)", tp, tp, tp);
+    /* The one backend of the run, handed to the trainer, and under mpirun /
+     * srun the communicator: one rank per process, data parallel across the
+     * ranks (tensor parallel groups of --tp adjacent ranks); with --device
+     * cuda each rank on its own GPU and the collectives on NCCL. */
+    en_cli_runtime rt;
+    en_cli_runtime_opts ro = {.device = device,
+                              .precision = precision,
+                              .n_threads = c.n_threads,
+                              .tp = tp,
+                              .tp_is_world = 0};
+    int rc = en_cli_runtime_create(CMD, &ro, &rt);
+    if (rc != EN_EXIT_OK) {
         if (keep) en_finetune_config_free(keep);
-        return EN_EXIT_USAGE;
+        return rc;
     }
+    en_comm *comm = rt.comm;
+    if (comm && en_comm_rank(comm, EN_GROUP_WORLD) != 0) /* rank 0 reports for all */
+        en_log_set_sink(NULL, NULL, EN_LOG_ERROR);
     c.comm = comm;
     c.zero = zero;
-    /* the one backend of the run, handed to the trainer */
-    en_backend_config bc = en_backend_config_default();
-    bc.n_threads = c.n_threads;
-    if (en_backend_cpu_create(&bc, &c.backend, &err) != EN_OK) {
-        en_cli_error(CMD, "%s", err.msg);
-        if (keep) en_finetune_config_free(keep);
-        en_comm_destroy(comm);
-        return EN_EXIT_ERROR;
-    }
+    c.backend = rt.be;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -269,21 +266,19 @@ int en_cmd_finetune(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     en_finetune_result res;
     en_status s = en_finetune_run(&c, resume != NULL, &g_stop, &res, &err);
-    en_backend_destroy(c.backend);
-    if (keep) en_finetune_config_free(keep);
     int rank = comm ? en_comm_rank(comm, EN_GROUP_WORLD) : 0;
-    en_comm_destroy(comm);
-    if (s != EN_OK && rank != 0) return EN_EXIT_ERROR; /* rank 0 prints the message */
+    en_cli_runtime_destroy(&rt); /* NCCL, the backend, then MPI (may finalize) */
+    rc = EN_EXIT_OK;
     if (s != EN_OK) {
-        en_cli_error(CMD, "%s", err.msg);
-        return EN_EXIT_ERROR;
-    }
-    if (res.interrupted) {
+        if (rank == 0) en_cli_error(CMD, "%s", err.msg); /* rank 0 prints the message */
+        rc = EN_EXIT_ERROR;
+    } else if (res.interrupted) {
         if (rank == 0)
             fprintf(stderr, "energon finetune: stopped by signal %d at step %lld; checkpoint saved. "
                         "Continue with: energon finetune --resume %s\n",
                 (int)g_stop, (long long)res.steps_done, c.run_dir);
-        return 128 + (int)g_stop;
+        rc = 128 + (int)g_stop;
     }
-    return EN_EXIT_OK;
+    if (keep) en_finetune_config_free(keep); /* after the last use of c's strings */
+    return rc;
 }

@@ -55,8 +55,16 @@ expect "bench unknown mode" 2 "unknown benchmark 'train2'" -- "$ENERGON" bench t
 
 # --device cuda: this build may or may not have CUDA compiled in, and these
 # machines have no GPU; either way the answer is a clear refusal, never a
-# silent fallback to the CPU.
-expect "device cuda without a GPU" 1 "CUDA" -- "$ENERGON" generate --model "$M" --prompt hi --device cuda
+# silent fallback to the CPU. (Skipped where a GPU is visible: there they work.)
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "  (skipping the --device cuda refusals: a GPU is visible)"
+else
+    expect "device cuda without a GPU" 1 "CUDA" -- "$ENERGON" generate --model "$M" --prompt hi --device cuda
+    expect "finetune --device cuda without a GPU" 1 "CUDA" -- "$ENERGON" finetune --model "$M" --data "$T/train.txt" --steps 1 --out "$T/ft_cuda" --device cuda
+fi
+expect "finetune bad device" 2 "--device: 'tpu' is not one of cpu, cuda" -- "$ENERGON" finetune --model "$M" --data "$T/train.txt" --steps 1 --out "$T/ft_tpu" --device tpu
+expect "finetune bf16 on the CPU" 2 "--precision bf16 needs --device cuda" -- "$ENERGON" finetune --model "$M" --data "$T/train.txt" --steps 1 --out "$T/ft_bf16" --precision bf16
+expect "finetune bad precision" 2 "--precision: 'fp8' is not one of fp32, tf32, bf16" -- "$ENERGON" finetune --model "$M" --data "$T/train.txt" --steps 1 --out "$T/ft_fp8" --device cuda --precision fp8
 
 # bad models
 expect "missing model dir" 1 "$T/nope/config.json: cannot open" -- "$ENERGON" generate --model "$T/nope" --prompt hi
