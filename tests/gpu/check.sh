@@ -53,7 +53,7 @@ fi
 row "build (sm_${CUDA_ARCH:-90}, -Werror)" "ok ($(( $(date +%s) - t_start )) s)"
 
 echo "== ops and a training step against the CPU backend"
-for t in test_cuda_ops test_cuda_train; do
+for t in test_cuda_ops test_cuda_train test_vocab_ce; do
     "$B/tests/$t" >"$OUTD/$t.log" 2>&1
     rc=$?
     tail -n 40 "$OUTD/$t.log"
