@@ -21,7 +21,10 @@
 #      decode tokens/s with the weight bandwidth achieved at batch 1 and 32
 #      against 4.3 TB/s, and a LoRA and a full fine-tune of it (20 steps,
 #      batch 4 x 512, bf16): tokens/s and MFU = 6 x params x tokens/s / peak;
-#   6. one table at the end.
+#   6. the 1B model's first 2 steps (1 x 256 tokens, LoRA and full) on the
+#      GPU in bf16 against the CPU backend, within 2e-2 at each step;
+#   7. one table at the end.
+# (2 also runs test_vocab_ce: the vocab-parallel loss kernels vs float64.)
 # Usage: bash tests/gpu/check.sh [OUT_DIR]   (OUT_DIR: logs, default $OUT or /tmp)
 # Exit status 0 when every correctness check passed (timings are reported,
 # not judged: the issue's targets are printed next to them).
@@ -230,6 +233,23 @@ for kind in lora full; do
         fi
     else
         fail "finetune 1B $kind" "exit $rc: $(tail -n 2 "$OUTD/ft1b_$kind.log" | tr '\n' ' ')"
+    fi
+done
+
+echo "== the 1B model's first steps on the GPU against the CPU backend (2 steps, 1 x 256)"
+# the issue's check at full size, kept short: the CPU runs the same 2 steps
+FIRST=(finetune --model "$M" "${DATA[@]}" --seq-len 256 --batch 1 --steps 2 --lr 1e-4
+       --eval-every 0 --save-every 0 --seed 1)
+for kind in lora full; do
+    extra=()
+    [ "$kind" = lora ] && extra=(--lora-rank 16 --lora-targets q,k,v,o,gate,up,down)
+    if ft "ft1b2_cpu_$kind" 150 "$B/energon" "${FIRST[@]}" --device cpu --threads "$(nproc)" \
+            ${extra[@]+"${extra[@]}"}; then
+        ft "ft1b2_gpu_$kind" 90 "$B/energon" "${FIRST[@]}" --device cuda --precision bf16 \
+            ${extra[@]+"${extra[@]}"}
+        ft_row "finetune 1B $kind: 2 steps cuda bf16 vs CPU" "ft1b2_gpu_$kind" "ft1b2_cpu_$kind" 2 2e-2
+    else
+        fail "finetune 1B $kind, 2 steps on the CPU" "$(tail -n 2 "$OUTD/ft1b2_cpu_$kind.log" | tr '\n' ' ')"
     fi
 done
 
