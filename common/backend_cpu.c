@@ -4,13 +4,17 @@
  * and AdamW. Matmul is one OpenBLAS sgemm (two for its backward); every
  * other op is a plain loop, parallelised with OpenMP over rows, tokens,
  * (token, head) pairs or, where many tokens add into one gradient, over
- * that gradient's columns or keys. It leaves out speed tricks (blocking,
- * SIMD intrinsics, fused kernels): new ops land here first and the CUDA
- * backend (issue #6) is tested against this file. The ops of the other
- * model families (rope with a frequency table, GELU / GeGLU, LayerNorm,
- * soft-capping) live in backend_cpu_family.c and the 16-bit weight ops
- * (matmul_w16 & co., with AVX2 kernels) in backend_cpu_w16.c; both join the
- * table here.
+ * that gradient's columns or keys. New ops land here first as plain loops
+ * and the CUDA backend (issue #6) is tested against this file; where
+ * training spends its time the loops are tuned (issue 12): the
+ * exponentials go through en_cpu_expf in loops built for AVX2 + FMA next to
+ * the baseline (EN_CPU_CLONES), and AdamW has an AVX kernel. The ops of the
+ * other model families (rope with a frequency table, GELU / GeGLU,
+ * LayerNorm, soft-capping) live in backend_cpu_family.c, the 16-bit weight
+ * ops (matmul_w16 & co., with AVX2 kernels) in backend_cpu_w16.c, the
+ * training attention by blocks of sgemm (a prefill's forward, the stored
+ * forward and both backwards) in backend_cpu_attn.c, and cross-entropy in
+ * backend_cpu_ce.c; all join the table here.
  *
  * Determinism: outside matmul each output element is computed by one
  * thread in a fixed order of operations that does not depend on which
@@ -169,6 +173,13 @@ static void dot4_f32(const float *x, const float *w0, const float *w1, const flo
     out[3] = s3;
 }
 
+float en_cpu_dot(const float *a, const float *b, int K) { return dot_f32(a, b, K); }
+
+void en_cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2,
+                 const float *w3, int K, float *out) {
+    dot4_f32(x, w0, w1, w2, w3, K, out);
+}
+
 /* Few rows (decode): the product is bound by reading w once, and OpenBLAS's
  * sgemm reaches a fraction of the memory bandwidth there. Split the N
  * output columns (rows of w) across threads in blocks of four and stream
@@ -209,6 +220,8 @@ static void cpu_matmul(en_backend *be, float *y, const float *x, const float *w,
     } else if (K == 0) {
         /* x·w^T is all zeros; BLAS would reject lda = 0. */
         memset(y, 0, (size_t)M * (size_t)N * sizeof *y);
+    } else if (en_cpu_matmul_narrow(be, y, x, w, M, N, K)) {
+        /* a LoRA factor: backend_cpu_narrow.c */
     } else {
         cpu_blas_threads(c);
         /* y(M,N) = x(M,K) · w(N,K)^T, all row-major. */
@@ -282,13 +295,21 @@ static void cpu_embedding(en_backend *be, float *y, const float *table, const in
         memcpy(y + (size_t)t * C, table + (size_t)ids[t] * C, (size_t)C * sizeof *y);
 }
 
+/* Elements per work item of the elementwise ops below. */
+#define CPU_SPAN 4096
+
+/* y = silu(g) u over n elements. For g < -87 en_cpu_expf(-g) saturates at
+ * 1.7e38, so y is ~1e-38 g u rather than -0: the same to float precision. */
+EN_CPU_CLONES static void swiglu_span(float *y, const float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = gate[i] / (1.0f + en_cpu_expf(-gate[i])) * up[i];
+}
+
 static void cpu_swiglu(en_backend *be, float *y, const float *gate, const float *up, size_t n) {
+    const long long nb = (long long)((n + CPU_SPAN - 1) / CPU_SPAN);
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i], u = up[i];
-        /* For g < -88 expf overflows to inf and g / inf = -0, the right
-         * limit; for g > 88 it underflows to 0 and silu(g) = g. */
-        y[i] = g / (1.0f + expf(-g)) * u;
+    for (long long b = 0; b < nb; b++) {
+        const size_t i = (size_t)b * CPU_SPAN, m = n - i < CPU_SPAN ? n - i : CPU_SPAN;
+        swiglu_span(y + i, gate + i, up + i, m);
     }
 }
 
@@ -358,6 +379,9 @@ static void cpu_attention_rows(en_backend *be, float *out, const float *q, size_
 static void cpu_attention(en_backend *be, float *out, const float *q, size_t q_stride,
                           const float *k, const float *v, size_t kv_stride, const int32_t *pos,
                           int T, int S, int H, int Hkv, int D, const en_attn_params *ap) {
+    /* A prefill or training sequence by blocks of sgemm (backend_cpu_attn.c) */
+    if (en_cpu_attention_gemm(be, out, q, q_stride, k, v, kv_stride, pos, T, S, H, Hkv, D, ap))
+        return;
     cpu_attention_rows(be, out, q, q_stride, k, v, kv_stride, NULL, pos, T, S, H, Hkv, D, ap);
 }
 
@@ -411,6 +435,11 @@ static void cpu_attention_store(en_backend *be, float *out, float *probs, const 
                                 size_t q_stride, const float *k, const float *v,
                                 size_t kv_stride, const int32_t *pos, int T, int S, int H,
                                 int Hkv, int D, const en_attn_params *ap) {
+    /* By blocks of sgemm (backend_cpu_attn.c); the loops below are the
+     * fallback. */
+    if (en_cpu_attention_store_gemm(be, out, probs, q, q_stride, k, v, kv_stride, pos, T, S, H,
+                                    Hkv, D, ap))
+        return;
     const int group = H / Hkv, window = ap->window;
     const float scale = ap->scale, cap = ap->softcap;
     const long long n_items = (long long)T * H;
@@ -457,6 +486,11 @@ static void cpu_attention_bwd_stored(en_backend *be, float *dq, float *dk, float
                                      size_t q_stride, const float *k, const float *v,
                                      size_t kv_stride, const int32_t *pos, int T, int S, int H,
                                      int Hkv, int D, const en_attn_params *ap) {
+    /* By blocks of sgemm when the scratch can be had (backend_cpu_attn.c);
+     * the loops below need only T * H floats. */
+    if (en_cpu_attention_bwd_gemm(be, dq, dk, dv, dout, probs, q, q_stride, k, v, kv_stride, pos,
+                                  T, S, H, Hkv, D, ap))
+        return;
     cpu_ctx *c = be->ctx;
     const int group = H / Hkv, window = ap->window;
     const float scale = ap->scale, cap = ap->softcap;
@@ -524,27 +558,6 @@ static void cpu_attention_bwd_stored(en_backend *be, float *dq, float *dk, float
     }
 }
 
-static void cpu_cross_entropy(en_backend *be, float *nll, const float *logits,
-                              const int32_t *target, int T, int V) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
-    if ((size_t)T * (size_t)V >= CPU_PAR_MIN)
-    for (int t = 0; t < T; t++) {
-        if (target[t] < 0) {
-            nll[t] = 0.0f; /* ignored position */
-            continue;
-        }
-        const float *l = logits + (size_t)t * V; /* (V) */
-        float mx = l[0];
-        for (int j = 1; j < V; j++)
-            if (l[j] > mx) mx = l[j];
-        /* logsumexp = mx + log(sum exp(l - mx)): each term is in (0, 1] and
-         * the sum, in double, is in [1, V]. */
-        double sum = 0.0;
-        for (int j = 0; j < V; j++) sum += (double)expf(l[j] - mx);
-        nll[t] = (float)((double)mx + log(sum) - (double)l[target[t]]);
-    }
-}
-
 /* ---- backward ops ----
  * Same determinism rule as the forward ops: every output element is summed
  * by one thread in a fixed order, so results are bit-identical for any
@@ -556,6 +569,9 @@ static void cpu_cross_entropy(en_backend *be, float *nll, const float *logits,
 static void cpu_matmul_bwd(en_backend *be, float *dx, float *dw, float *db, const float *dy,
                            const float *x, const float *w, int M, int N, int K) {
     cpu_ctx *c = be->ctx;
+    /* a LoRA factor (backend_cpu_narrow.c): no sgemm below */
+    if (K > 0 && (dx || dw) && en_cpu_matmul_bwd_narrow(be, dx, dw, dy, x, w, M, N, K))
+        dx = dw = NULL;
     if (K > 0 && (dx || dw)) cpu_blas_threads(c);
     /* beta = 1: sgemm adds into dx and dw, which is the accumulate contract. */
     if (K > 0 && dx) /* dx(M,K) += dy(M,N) · w(N,K) */
@@ -641,17 +657,35 @@ static void cpu_rope_bwd(en_backend *be, float *dx, const int32_t *pos, int T, i
 /* y = silu(g) u with silu(g) = g sig(g):
  *   dgate = dy u sig(g) (1 + g (1 - sig(g))),  dup = dy silu(g).
  * Inputs are read before outputs are written, element by element. */
+EN_CPU_CLONES static void swiglu_bwd_span(float *dgate, float *dup, const float *dy,
+                                          const float *gate, const float *up, size_t n) {
+    /* g < -87: e saturates at 1.7e38, sig ~ 6e-39 and 1 - sig = 1, so the
+     * product is ~0 (1 - sig is used rather than e sig, which could
+     * overflow). silu is g / (1 + e), as the forward computes it. One loop
+     * per case of NULL outputs: a branch inside would stop vectorisation. */
+#define SWIGLU_BWD(body)                                                                           \
+    for (size_t i = 0; i < n; i++) {                                                               \
+        const float g = gate[i], e = en_cpu_expf(-g), sig = 1.0f / (1.0f + e);                     \
+        body;                                                                                      \
+    }
+    if (dgate && dup)
+        SWIGLU_BWD(dgate[i] += dy[i] * up[i] * (sig * (1.0f + g * (1.0f - sig)));
+                   dup[i] += dy[i] * (g / (1.0f + e)))
+    else if (dgate)
+        SWIGLU_BWD(dgate[i] += dy[i] * up[i] * (sig * (1.0f + g * (1.0f - sig))))
+    else if (dup)
+        SWIGLU_BWD((void)sig; dup[i] += dy[i] * (g / (1.0f + e)))
+#undef SWIGLU_BWD
+}
+
 static void cpu_swiglu_bwd(en_backend *be, float *dgate, float *dup, const float *dy,
                            const float *gate, const float *up, size_t n) {
+    const long long nb = (long long)((n + CPU_SPAN - 1) / CPU_SPAN);
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        const float g = gate[i], u = up[i], d = dy[i];
-        const float e = expf(-g);
-        /* g < -88: e = inf, sig = 0 and 1 - sig = 1, so the product is 0
-         * (1 - sig is used rather than e sig, which would be inf * 0). */
-        const float sig = 1.0f / (1.0f + e);
-        if (dgate) dgate[i] += d * u * (sig * (1.0f + g * (1.0f - sig)));
-        if (dup) dup[i] += d * (g / (1.0f + e)); /* silu as the forward computes it */
+    for (long long b = 0; b < nb; b++) {
+        const size_t i = (size_t)b * CPU_SPAN, m = n - i < CPU_SPAN ? n - i : CPU_SPAN;
+        swiglu_bwd_span(dgate ? dgate + i : NULL, dup ? dup + i : NULL, dy + i, gate + i, up + i,
+                        m);
     }
 }
 
@@ -876,6 +910,11 @@ static void cpu_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, c
                               const float *q, size_t q_stride, const float *k, const float *v,
                               size_t kv_stride, const int32_t *pos, int T, int S, int H, int Hkv,
                               int D, const en_attn_params *ap) {
+    /* By blocks of sgemm when the scratch can be had (backend_cpu_attn.c);
+     * the two passes below are the fallback. */
+    if (en_cpu_attention_bwd_gemm(be, dq, dk, dv, dout, NULL, q, q_stride, k, v, kv_stride, pos,
+                                  T, S, H, Hkv, D, ap))
+        return;
     cpu_ctx *c = be->ctx;
     const int group = H / Hkv; /* query heads per kv head */
     const int window = ap->window;
@@ -935,45 +974,25 @@ static void cpu_attention_bwd(en_backend *be, float *dq, float *dk, float *dv, c
     }
 }
 
-/* dlogits[t] = scale[t] (softmax(logits[t]) - onehot(target[t])), written
- * over the row (which may be the logits row itself: each element is read
- * before it is written, and the target's logit is read first). */
-static void cpu_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
-                                  const int32_t *target, const float *scale, int T, int V) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
-    if ((size_t)T * (size_t)V >= CPU_PAR_MIN)
-    for (int t = 0; t < T; t++) {
-        float *g = dlogits + (size_t)t * V;      /* (V) */
-        const float *l = logits + (size_t)t * V; /* (V), may be g */
-        if (target[t] < 0) {                     /* ignored position */
-            for (int j = 0; j < V; j++) g[j] = 0.0f;
-            continue;
-        }
-        float mx = l[0];
-        for (int j = 1; j < V; j++)
-            if (l[j] > mx) mx = l[j];
-        /* At the target, p - 1 cancels when p ~ 1 (a confident, correct
-         * model): 1 - p = 1e-12 is lost entirely next to 1 in float and
-         * mostly in double. So the other classes are summed apart and the
-         * target gets -(their mass) / sum, accurate to a few ulps. */
-        const int tg = target[t];
-        double other = 0.0;
-        for (int j = 0; j < V; j++)
-            if (j != tg) other += (double)expf(l[j] - mx);
-        const double sum = other + (double)expf(l[tg] - mx); /* in [1, V] */
-        const double sc = scale ? (double)scale[t] : 1.0;
-        const double gt = -sc * (other / sum);
-        const double a = sc / sum;
-        for (int j = 0; j < V; j++) g[j] = (float)(a * (double)expf(l[j] - mx));
-        g[tg] = (float)gt;
-    }
-}
-
 /* ---- optimizer and reductions ---- */
 
 /* Fixed slices for sumsq: the partition depends on n only, not on the
  * thread count, so the sum is the same for any n_threads. */
 #define CPU_SUM_SLICES 256
+
+/* sum of x^2 over n elements in 16 double lanes (element j in lane j %
+ * 16), combined pairwise: a fixed order, so the same for any thread count,
+ * and the adds no longer wait on each other as one chain would. */
+EN_CPU_CLONES static double sumsq_span(const float *x, size_t n) {
+    double a[16] = {0};
+    size_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int i = 0; i < 16; i++) a[i] += (double)x[j + i] * (double)x[j + i];
+    for (; j < n; j++) a[j % 16] += (double)x[j] * (double)x[j];
+    for (int w = 8; w > 0; w /= 2)
+        for (int i = 0; i < w; i++) a[i] += a[i + w];
+    return a[0];
+}
 
 static double cpu_sumsq(en_backend *be, const float *x, size_t n) {
     double part[CPU_SUM_SLICES];
@@ -982,9 +1001,7 @@ static double cpu_sumsq(en_backend *be, const float *x, size_t n) {
     for (int i = 0; i < CPU_SUM_SLICES; i++) {
         const size_t a = (size_t)i * len < n ? (size_t)i * len : n;
         const size_t b = a + len < n ? a + len : n;
-        double s = 0.0;
-        for (size_t j = a; j < b; j++) s += (double)x[j] * (double)x[j];
-        part[i] = s;
+        part[i] = sumsq_span(x + a, b - a);
     }
     double sum = 0.0;
     for (int i = 0; i < CPU_SUM_SLICES; i++) sum += part[i];
@@ -1001,20 +1018,84 @@ static void cpu_scale(en_backend *be, float *x, float s, size_t n) {
  * and small t is ~1e-3 t with an absolute error of ~6e-8 from rounding
  * b2^t, only ~4 significant digits. Weight decay uses the parameter from
  * before the step, as the header's formula says. */
-static void cpu_adamw(en_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                      float lr, float b1, float b2, float eps, float wd, int t) {
-    const float c1 = (float)(1.0 / (1.0 - pow((double)b1, t)));
-    const float c2 = (float)(1.0 / (1.0 - pow((double)b2, t)));
-    const float a1 = 1.0f - b1, a2 = 1.0f - b2;
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
+typedef struct adamw_k {
+    float lr, b1, b2, a1, a2, c1, c2, eps, wd;
+} adamw_k;
+
+static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
+                       const adamw_k *k) {
     for (size_t i = 0; i < n; i++) {
         const float gi = g[i], pi = p[i];
-        const float mi = b1 * m[i] + a1 * gi;
-        const float vi = b2 * v[i] + a2 * gi * gi;
+        const float mi = k->b1 * m[i] + k->a1 * gi;
+        const float vi = k->b2 * v[i] + k->a2 * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi - lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * pi);
+        p[i] = pi - k->lr * ((mi * k->c1) / (sqrtf(vi * k->c2) + k->eps) + k->wd * pi);
     }
+}
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#include <immintrin.h>
+/* adamw_span 8 elements at a time: the same operations in the same order
+ * (no FMA; sqrt, division and the rest correctly rounded), so the same
+ * bits. By hand because sqrtf's errno path keeps GCC from vectorising the
+ * loop: scalar, the step was bound by sqrt and division, not memory. */
+__attribute__((target("avx"))) static void adamw_span_avx(float *p, const float *g, float *m,
+                                                          float *v, size_t n, const adamw_k *k) {
+    const __m256 lr = _mm256_set1_ps(k->lr), b1 = _mm256_set1_ps(k->b1);
+    const __m256 b2 = _mm256_set1_ps(k->b2), a1 = _mm256_set1_ps(k->a1);
+    const __m256 a2 = _mm256_set1_ps(k->a2), c1 = _mm256_set1_ps(k->c1);
+    const __m256 c2 = _mm256_set1_ps(k->c2), eps = _mm256_set1_ps(k->eps);
+    const __m256 wd = _mm256_set1_ps(k->wd);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gi = _mm256_loadu_ps(g + i), pi = _mm256_loadu_ps(p + i);
+        const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)),
+                                        _mm256_mul_ps(a1, gi));
+        const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+                                        _mm256_mul_ps(_mm256_mul_ps(a2, gi), gi));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        const __m256 den = _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(vi, c2)), eps);
+        const __m256 upd = _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(mi, c1), den),
+                                         _mm256_mul_ps(wd, pi));
+        _mm256_storeu_ps(p + i, _mm256_sub_ps(pi, _mm256_mul_ps(lr, upd)));
+    }
+    adamw_span(p + i, g + i, m + i, v + i, n - i, k);
+}
+#define CPU_ADAMW_AVX 1
+#else
+#define CPU_ADAMW_AVX 0
+#endif
+
+static void cpu_adamw(en_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                      float lr, float b1, float b2, float eps, float wd, int t) {
+    const adamw_k k = {lr,
+                       b1,
+                       b2,
+                       1.0f - b1,
+                       1.0f - b2,
+                       (float)(1.0 / (1.0 - pow((double)b1, t))),
+                       (float)(1.0 / (1.0 - pow((double)b2, t))),
+                       eps,
+                       wd};
+    int avx = 0;
+#if CPU_ADAMW_AVX
+    avx = __builtin_cpu_supports("avx");
+#endif
+    const long long nb = (long long)((n + CPU_SPAN - 1) / CPU_SPAN);
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n >= CPU_PAR_MIN)
+    for (long long b = 0; b < nb; b++) {
+        const size_t i = (size_t)b * CPU_SPAN, len = n - i < CPU_SPAN ? n - i : CPU_SPAN;
+#if CPU_ADAMW_AVX
+        if (avx) {
+            adamw_span_avx(p + i, g + i, m + i, v + i, len, &k);
+            continue;
+        }
+#endif
+        adamw_span(p + i, g + i, m + i, v + i, len, &k);
+    }
+    (void)avx;
 }
 
 /* ---- object ---- */
@@ -1044,7 +1125,7 @@ static const en_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .attention_rows = cpu_attention_rows,
     .rows_scatter = cpu_rows_scatter,
-    .cross_entropy = cpu_cross_entropy,
+    .cross_entropy = en_cpu_cross_entropy,
     .matmul_bwd = cpu_matmul_bwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .rope_bwd = cpu_rope_bwd,
@@ -1053,7 +1134,7 @@ static const en_backend_ops cpu_ops = {
     .attention_bwd = cpu_attention_bwd,
     .attention_store = cpu_attention_store,
     .attention_bwd_stored = cpu_attention_bwd_stored,
-    .cross_entropy_bwd = cpu_cross_entropy_bwd,
+    .cross_entropy_bwd = en_cpu_cross_entropy_bwd,
     .ce_vp_max = en_cpu_ce_vp_max,
     .ce_vp_stats = en_cpu_ce_vp_stats,
     .ce_vp_bwd = en_cpu_ce_vp_bwd,

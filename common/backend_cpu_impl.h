@@ -13,6 +13,9 @@
 #ifndef EN_BACKEND_CPU_IMPL_H
 #define EN_BACKEND_CPU_IMPL_H
 
+#include <math.h>
+#include <stdint.h>
+
 #include "backend_impl.h"
 
 /* Below this many output elements (or inner-loop steps) a loop runs on the
@@ -77,5 +80,87 @@ void en_cpu_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const u
                              int wtype, int M, int N, int K);
 void en_cpu_embedding_w16(en_backend *be, float *y, const uint16_t *table, int wtype,
                           const int32_t *ids, int T, int C);
+
+/* Builds a function twice, for AVX2 + FMA (x86-64-v3) and the baseline,
+ * picked at load time: the elementwise loops over en_cpu_expf vectorise
+ * with FMA there. Same bits from either clone (see en_cpu_expf). No
+ * AVX-512 clone: the machine this was tuned on has none to check it. */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define EN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define EN_CPU_CLONES
+#endif
+
+/* exp(x) in float, branch-free so that loops over it vectorise: x = n ln2
+ * + r with n = round(x / ln2) (by the 1.5 * 2^23 trick, so no float-to-int
+ * conversion, and NaN stays NaN) and |r| <= ln2 / 2 by a two-part ln2,
+ * then e^r by its degree-7 Taylor polynomial (truncation < 6e-9 relative)
+ * in Horner form with fmaf, times 2^n built in the exponent bits. Within
+ * 1 ulp of exp for x in [-87.33, 88.37]; x is clamped to that range (so
+ * exp(-100) gives 1.2e-38, not 0, and exp(100) 1.7e38, not inf: a select
+ * on the result would stop GCC vectorising the loops). The callers pass
+ * x - max <= 0, where that changes nothing that matters. Every step is a
+ * correctly rounded float operation (fmaf is one rounding on any ISA), so
+ * the result is the same bits whichever clone or thread runs it. */
+static inline float en_cpu_expf(float x) {
+    float xc = x > 88.37626f ? 88.37626f : x;
+    xc = xc < -87.33654f ? -87.33654f : xc;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const float t = fmaf(xc, 1.44269504f, magic);
+    const float n = t - magic;
+    float r = fmaf(n, -0.693359375f, xc); /* ln2 = 0.693359375 - 2.12194440e-4 */
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    union {
+        float f;
+        int32_t i;
+    } tb = {t}, sc;
+    /* the low bits of t hold n (two's complement, |n| <= 127) */
+    sc.i = (int32_t)((uint32_t)(tb.i - 0x4B400000 + 127) << 23);
+    return p * sc.f;
+}
+
+/* backend_cpu_attn.c: the training attention by blocks of sgemm. Each
+ * returns 0, having done nothing, when it cannot have its scratch (the
+ * caller then runs its scratch-free loops), else 1. */
+int en_cpu_attention_store_gemm(en_backend *be, float *out, float *probs, const float *q,
+                                size_t q_stride, const float *k, const float *v,
+                                size_t kv_stride, const int32_t *pos, int T, int S, int H,
+                                int Hkv, int D, const en_attn_params *ap);
+int en_cpu_attention_gemm(en_backend *be, float *out, const float *q, size_t q_stride,
+                          const float *k, const float *v, size_t kv_stride, const int32_t *pos,
+                          int T, int S, int H, int Hkv, int D, const en_attn_params *ap);
+int en_cpu_attention_bwd_gemm(en_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                              const float *probs, const float *q, size_t q_stride,
+                              const float *k, const float *v, size_t kv_stride,
+                              const int32_t *pos, int T, int S, int H, int Hkv, int D,
+                              const en_attn_params *ap);
+
+/* backend_cpu_ce.c: cross-entropy and its gradient, vectorised. */
+void en_cpu_cross_entropy(en_backend *be, float *nll, const float *logits, const int32_t *target,
+                          int T, int V);
+void en_cpu_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
+                              const int32_t *target, const float *scale, int T, int V);
+
+/* backend_cpu.c's dot products (vectorised, fixed order): a . b over K,
+ * and x . w0..w3 into out[0..3], each equal to en_cpu_dot's bits. */
+float en_cpu_dot(const float *a, const float *b, int K);
+void en_cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2,
+                 const float *w3, int K, float *out);
+
+/* backend_cpu_narrow.c: matmul and matmul_bwd (dx, dw) when K or N is at
+ * most 16 (a LoRA factor) and the other at least 64; 0 when the shape is
+ * not one of those (nothing done), else 1. */
+int en_cpu_matmul_narrow(en_backend *be, float *y, const float *x, const float *w, int M, int N,
+                         int K);
+int en_cpu_matmul_bwd_narrow(en_backend *be, float *dx, float *dw, const float *dy,
+                             const float *x, const float *w, int M, int N, int K);
 
 #endif /* EN_BACKEND_CPU_IMPL_H */

@@ -703,6 +703,10 @@ static void test_attention_all(const backends *bs, en_test_rng *r) {
         {"large scores capped: soft-cap 20", 4, 10, 2, 1, 4, 0, 0, 0, 6, 12, 0, 20.0f},
         {"long windowed prefill, scale 0.2, soft-cap 3", 37, 300, 6, 2, 9, 50, 0, 4, 263, 1.5f,
          0.2f, 3.0f},
+        /* training-sized: several 64-query tiles of attention_store's
+         * sgemm path (backend_cpu_attn.c) */
+        {"training, pos = t, GQA 4/2, window 40", 130, 130, 4, 2, 32, 40, 0, 0, 0, 1, 0, 0},
+        {"training, pos = t, MHA, soft-cap 3", 150, 150, 3, 3, 24, 0, 1, 2, 0, 1.5f, 0, 3.0f},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(bs, r, &cases[i]);
 }
@@ -865,6 +869,10 @@ int main(void) {
     test_matmul(&bs, &r, 301, 70, 0, 1); /* K = 0, parallel bias loop */
     test_matmul(&bs, &r, 67, 130, 259, 1); /* large enough for OpenBLAS threads */
     test_matmul(&bs, &r, 129, 75, 515, 0);
+    /* a narrow side (<= 16, a LoRA factor): backend_cpu_narrow.c */
+    test_matmul(&bs, &r, 67, 130, 8, 1);   /* K narrow: y += u B^T */
+    test_matmul(&bs, &r, 301, 11, 200, 0); /* N narrow: u = x A^T, N % 4 != 0 */
+    test_matmul(&bs, &r, 5, 64, 16, 0);
     test_matmul_invariant(&bs, &r, 67, 130, 259);
     test_matmul_invariant(&bs, &r, 33, 7, 1000); /* N not a multiple of 4 */
 

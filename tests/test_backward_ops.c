@@ -1526,6 +1526,10 @@ int main(void) {
     test_matmul_bwd(&bs, &r, 5, 3, 0, 1);      /* K = 0: only db */
     test_matmul_bwd(&bs, &r, 67, 300, 259, 0); /* OpenBLAS threads, parallel db */
     test_matmul_bwd(&bs, &r, 129, 75, 515, 0);
+    /* a narrow side (<= 16, a LoRA factor): backend_cpu_narrow.c */
+    test_matmul_bwd(&bs, &r, 67, 130, 8, 0);   /* K narrow: du, dB */
+    test_matmul_bwd(&bs, &r, 301, 11, 200, 0); /* N narrow: dx += du A, dA */
+    test_matmul_bwd(&bs, &r, 9, 70, 3, 1);
 
     /* T, C, eps, |x|, differences */
     test_rmsnorm_bwd(&bs, &r, 1, 1, 1e-5f, 1, 1);
