@@ -425,6 +425,15 @@ void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits
     be->ops->cross_entropy_bwd(be, dlogits, logits, target, scale, T, V);
 }
 
+void en_op_cross_entropy_fused(en_backend *be, float *nll, float *dlogits, const float *logits,
+                               const int32_t *target, const float *scale, int T, int V) {
+    EN_ASSERT(T >= 0 && V >= 0);
+    EN_ASSERT(nll != dlogits && nll != logits);
+    if (T == 0) return;
+    for (int t = 0; t < T; t++) EN_ASSERT(target[t] < V);
+    be->ops->cross_entropy_fused(be, nll, dlogits, logits, target, scale, T, V);
+}
+
 void en_op_ce_vp_max(en_backend *be, float *mx, const float *logits, int T, int V, int n) {
     EN_ASSERT(T >= 0 && n >= 0 && n <= V);
     if (T == 0) return;

@@ -380,6 +380,14 @@ void en_op_attention_bwd_stored_p(en_backend *be, float *dq, float *dk, float *d
 void en_op_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
                              const int32_t *target, const float *scale, int T, int V);
 
+/* Training's loss and gradient in one call: nll as en_op_cross_entropy
+ * gives it and dlogits as en_op_cross_entropy_bwd does (the same values;
+ * on the CPU the same bits), with one pass less over the logits and each
+ * exponential computed once. dlogits is OVERWRITTEN and may alias logits;
+ * scale may be NULL (= 1). */
+void en_op_cross_entropy_fused(en_backend *be, float *nll, float *dlogits, const float *logits,
+                               const int32_t *target, const float *scale, int T, int V);
+
 /* ---- vocabulary-parallel cross-entropy (Megatron-LM) ----
  * A tensor-parallel rank holds the logits of its vocabulary columns
  * [v0, v0 + V) for every row (T, V), of which the first n are real (the

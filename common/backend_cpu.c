@@ -1138,6 +1138,7 @@ static const en_backend_ops cpu_ops = {
     .ce_vp_max = en_cpu_ce_vp_max,
     .ce_vp_stats = en_cpu_ce_vp_stats,
     .ce_vp_bwd = en_cpu_ce_vp_bwd,
+    .cross_entropy_fused = en_cpu_cross_entropy_fused,
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
     .adamw = cpu_adamw,

@@ -61,13 +61,12 @@ EN_CPU_CLONES static void lanes_exp(double *a, float *g, int j0, int j1, float m
         }
 }
 
-/* sum over j != skip of exp(g[j] - mx) in 16 double lanes (j % 16), the
- * lanes combined pairwise; skip < 0: every j. With `store`, g[j] becomes
+/* The 16 double lanes a[j % 16] of the sum over j != skip of
+ * exp(g[j] - mx); skip < 0: every j. With `store`, g[j] becomes
  * exp(g[j] - mx) (g is only read otherwise). The block of 16 that holds
  * skip goes through a scalar loop: a mask inside the vector loop stops
  * GCC from vectorising it. */
-static double row_exp_sum(float *g, int V, float mx, int skip, int store) {
-    double a[16] = {0};
+static void row_exp_lanes(double *a, float *g, int V, float mx, int skip, int store) {
     const int full = V / 16 * 16, sb = skip >= 0 && skip < full ? skip / 16 * 16 : full;
     lanes_exp(a, g, 0, sb, mx, store);
     if (sb < full) {
@@ -83,6 +82,12 @@ static double row_exp_sum(float *g, int V, float mx, int skip, int store) {
         if (store) g[j] = e;
         if (j != skip) a[j % 16] += (double)e;
     }
+}
+
+/* The lanes above combined pairwise. */
+static double row_exp_sum(float *g, int V, float mx, int skip, int store) {
+    double a[16] = {0};
+    row_exp_lanes(a, g, V, mx, skip, store);
     return lanes_sum(a);
 }
 
@@ -130,6 +135,41 @@ void en_cpu_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logit
         const float mx = row_max(g, V);
         const double other = row_exp_sum(g, V, mx, tg, 1); /* g now holds exp(l - mx) */
         const double sum = other + (double)g[tg];        /* in [1, V] */
+        const double sc = scale ? (double)scale[t] : 1.0;
+        row_scale(g, V, sc / sum);
+        g[tg] = (float)(-sc * (other / sum));
+    }
+}
+
+/* Both at once for training: nll[t] exactly as en_cpu_cross_entropy
+ * gives it and dlogits[t] exactly as en_cpu_cross_entropy_bwd does (the
+ * same bits), with one max pass and the exponentials computed once. The
+ * loss needs the sum over every class and the gradient the sum over the
+ * others: their lanes differ only in lane tg % 16, which is summed again
+ * from the stored exponentials in its own order (1/16 of a pass). */
+void en_cpu_cross_entropy_fused(en_backend *be, float *nll, float *dlogits, const float *logits,
+                                const int32_t *target, const float *scale, int T, int V) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
+    if ((size_t)T * (size_t)V >= CPU_PAR_MIN)
+    for (int t = 0; t < T; t++) {
+        float *g = dlogits + (size_t)t * V;      /* (V) */
+        const float *l = logits + (size_t)t * V; /* (V), may be g */
+        const int tg = target[t];
+        if (tg < 0) { /* ignored position */
+            nll[t] = 0.0f;
+            memset(g, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        if (g != l) memcpy(g, l, (size_t)V * sizeof(float));
+        const float lt = g[tg], mx = row_max(g, V);
+        double other_l[16] = {0}, all_l[16];
+        row_exp_lanes(other_l, g, V, mx, tg, 1); /* g now holds exp(l - mx) */
+        memcpy(all_l, other_l, sizeof all_l);
+        double lane = 0;
+        for (int j = tg % 16; j < V; j += 16) lane += (double)g[j];
+        all_l[tg % 16] = lane;
+        nll[t] = (float)((double)mx + log(lanes_sum(all_l)) - (double)lt);
+        const double other = lanes_sum(other_l), sum = other + (double)g[tg];
         const double sc = scale ? (double)scale[t] : 1.0;
         row_scale(g, V, sc / sum);
         g[tg] = (float)(-sc * (other / sum));

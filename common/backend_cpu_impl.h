@@ -148,6 +148,8 @@ void en_cpu_cross_entropy(en_backend *be, float *nll, const float *logits, const
                           int T, int V);
 void en_cpu_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
                               const int32_t *target, const float *scale, int T, int V);
+void en_cpu_cross_entropy_fused(en_backend *be, float *nll, float *dlogits, const float *logits,
+                                const int32_t *target, const float *scale, int T, int V);
 
 /* backend_cpu.c's dot products (vectorised, fixed order): a . b over K,
  * and x . w0..w3 into out[0..3], each equal to en_cpu_dot's bits. */

@@ -95,6 +95,8 @@ typedef struct en_backend_ops {
     void (*ce_vp_bwd)(en_backend *be, float *dlogits, const float *logits, const float *mx,
                       const float *st, const int32_t *target, int v0, float scale, int T, int V,
                       int n);
+    void (*cross_entropy_fused)(en_backend *be, float *nll, float *dlogits, const float *logits,
+                                const int32_t *target, const float *scale, int T, int V);
     double (*sumsq)(en_backend *be, const float *x, size_t n);
     void (*scale)(en_backend *be, float *x, float s, size_t n);
     void (*adamw)(en_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr,

@@ -412,20 +412,24 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         if (m->tp_size > 1) {
             vocab_parallel_ce(t, targets + r0, rows, backward, grad_scale, &sum, &count);
         } else {
-            en_op_cross_entropy(be, t->nll, t->logits, targets + r0, rows, V);
+            if (backward && t->scale_set != grad_scale) { /* uploaded once per value */
+                for (int i = 0; i < t->n_chunk; i++) t->nll_h[i] = grad_scale;
+                en_backend_upload(be, t->scale, t->nll_h, (size_t)t->n_chunk * sizeof(float));
+                t->scale_set = grad_scale;
+            }
+            /* training: the loss and, over the logits, its gradient in one
+             * call (the same values as the two ops, one pass less) */
+            if (backward)
+                en_op_cross_entropy_fused(be, t->nll, t->logits, t->logits, targets + r0, t->scale,
+                                          rows, V);
+            else
+                en_op_cross_entropy(be, t->nll, t->logits, targets + r0, rows, V);
             en_backend_download(be, t->nll_h, t->nll, (size_t)rows * sizeof(float));
             for (int i = 0; i < rows; i++)
                 if (targets[r0 + i] >= 0) {
                     sum += t->nll_h[i];
                     count++;
                 }
-            if (!backward) continue;
-            if (t->scale_set != grad_scale) { /* uploaded once per value */
-                for (int i = 0; i < t->n_chunk; i++) t->nll_h[i] = grad_scale;
-                en_backend_upload(be, t->scale, t->nll_h, (size_t)t->n_chunk * sizeof(float));
-                t->scale_set = grad_scale;
-            }
-            en_op_cross_entropy_bwd(be, t->logits, t->logits, targets + r0, t->scale, rows, V);
         }
         if (!backward) continue;
         if (cap) en_op_softcap_bwd(be, t->logits, t->logits, t->capped, cap, (size_t)rows * V);

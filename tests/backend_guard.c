@@ -474,6 +474,14 @@ static void guard_cross_entropy_bwd(en_backend *be, float *dlogits, const float 
     CALL(cross_entropy_bwd(IN, dlogits, logits, target, scale, T, V));
 }
 
+static void guard_cross_entropy_fused(en_backend *be, float *nll, float *dlogits,
+                                      const float *logits, const int32_t *target,
+                                      const float *scale, int T, int V) {
+    ENTER("cross_entropy_fused");
+    DEV(nll), DEV(dlogits), DEV(logits), HOST(target), OPT(scale);
+    CALL(cross_entropy_fused(IN, nll, dlogits, logits, target, scale, T, V));
+}
+
 static void guard_ce_vp_max(en_backend *be, float *mx, const float *logits, int T, int V, int n) {
     ENTER("ce_vp_max");
     DEV(mx), DEV(logits);
@@ -648,6 +656,7 @@ static const en_backend_ops guard_ops = {
     .ce_vp_max = guard_ce_vp_max,
     .ce_vp_stats = guard_ce_vp_stats,
     .ce_vp_bwd = guard_ce_vp_bwd,
+    .cross_entropy_fused = guard_cross_entropy_fused,
     .sumsq = guard_sumsq,
     .scale = guard_scale,
     .adamw = guard_adamw,

@@ -1353,6 +1353,21 @@ static void test_cross_entropy_bwd(const backends *bs, en_test_rng *r, int T, in
         CHECK(fabs(got - want) <= 1e-5 * fabs(want), "%s: p ~ 1 target: got %.9g want %.9g", name,
               got, want);
     }
+    /* the fused op (training's): the same bits as cross_entropy then
+     * cross_entropy_bwd, on 1 and 2 threads */
+    float *nll_sep = fill_buf((size_t)T, NAN);
+    en_op_cross_entropy(bs->be[0], nll_sep, l, tg, T, V);
+    for (int b = 0; b < 2; b++) {
+        float *gf = in_place ? copy_buf(l, n) : fill_buf(n, NAN);
+        float *nf = fill_buf((size_t)T, NAN);
+        en_op_cross_entropy_fused(bs->be[b], nf, gf, in_place ? gf : l, tg, scale, T, V);
+        check_same(name, b ? "fused (2 threads) vs separate: gradient"
+                           : "fused vs separate: gradient", gf, g[0], n);
+        check_same(name, b ? "fused (2 threads) vs separate: nll" : "fused vs separate: nll", nf,
+                   nll_sep, (size_t)T);
+        free(gf), free(nf);
+    }
+    free(nll_sep);
     free(l), free(tg), free(scale), free(ref), free(g[0]), free(g[1]);
 }
 

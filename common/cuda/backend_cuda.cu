@@ -457,6 +457,20 @@ static void cuda_cross_entropy_bwd(en_backend *be, float *dlogits, const float *
     en_cuda_cross_entropy_bwd(c->stream, dlogits, logits, dtg, scale, T, V);
 }
 
+/* The two kernels in stream order: the loss reads the logits before the
+ * gradient overwrites them. */
+static void cuda_cross_entropy_fused(en_backend *be, float *nll, float *dlogits,
+                                     const float *logits, const int32_t *target,
+                                     const float *scale, int T, int V) {
+    cuda_ctx *c = enter(be, "cross_entropy_fused");
+    wrote(c, nll, (size_t)T);
+    wrote(c, dlogits, (size_t)T * (size_t)V);
+    const int32_t *dtg = NULL;
+    stage_idx(c, "cross_entropy_fused", target, (size_t)T, &dtg, NULL, 0, NULL);
+    en_cuda_cross_entropy_fwd(c->stream, nll, logits, dtg, T, V);
+    en_cuda_cross_entropy_bwd(c->stream, dlogits, logits, dtg, scale, T, V);
+}
+
 static void cuda_ce_vp_max(en_backend *be, float *mx, const float *logits, int T, int V, int n) {
     cuda_ctx *c = enter(be, "ce_vp_max");
     wrote(c, mx, (size_t)T);
@@ -706,6 +720,7 @@ static const en_backend_ops cuda_ops = {
     /* .ce_vp_max = */ cuda_ce_vp_max,
     /* .ce_vp_stats = */ cuda_ce_vp_stats,
     /* .ce_vp_bwd = */ cuda_ce_vp_bwd,
+    /* .cross_entropy_fused = */ cuda_cross_entropy_fused,
     /* .sumsq = */ cuda_sumsq,
     /* .scale = */ cuda_scale,
     /* .adamw = */ cuda_adamw,
