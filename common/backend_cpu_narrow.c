@@ -23,7 +23,14 @@
 EN_CPU_CLONES static void row_comb(float *y, const float *x, const float *wt, int K, int n,
                                    int accumulate) {
     if (!accumulate) memset(y, 0, (size_t)n * sizeof(float));
-    for (int k = 0; k < K; k++) {
+    int k = 0;
+    for (; k + 4 <= K; k += 4) { /* y loaded and stored once per four terms, in order */
+        const float a0 = x[k], a1 = x[k + 1], a2 = x[k + 2], a3 = x[k + 3];
+        const float *w0 = wt + (size_t)k * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+        for (int i = 0; i < n; i++)
+            y[i] = fmaf(a3, w3[i], fmaf(a2, w2[i], fmaf(a1, w1[i], fmaf(a0, w0[i], y[i]))));
+    }
+    for (; k < K; k++) {
         const float a = x[k], *w = wt + (size_t)k * n;
         for (int i = 0; i < n; i++) y[i] = fmaf(a, w[i], y[i]);
     }
@@ -33,7 +40,21 @@ EN_CPU_CLONES static void row_comb(float *y, const float *x, const float *wt, in
  * (M, R) with rows of lda, b's block starts at b0 with rows of ldb. */
 EN_CPU_CLONES static void block_outer(float *acc, const float *a, int lda, const float *b0,
                                       size_t ldb, int M, int R, int nb) {
-    for (int m = 0; m < M; m++) {
+    /* four rows of m per pass over acc (loaded and stored once for four
+     * fmafs instead of one: the loop was bound by that traffic), each
+     * element's chain still in the order of m: the same bits */
+    int m = 0;
+    for (; m + 4 <= M; m += 4) {
+        const float *a0 = a + (size_t)m * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+        const float *p0 = b0 + (size_t)m * ldb, *p1 = p0 + ldb, *p2 = p1 + ldb, *p3 = p2 + ldb;
+        for (int j = 0; j < R; j++) {
+            const float s0 = a0[j], s1 = a1[j], s2 = a2[j], s3 = a3[j];
+            float *aj = acc + (size_t)j * nb;
+            for (int i = 0; i < nb; i++)
+                aj[i] = fmaf(s3, p3[i], fmaf(s2, p2[i], fmaf(s1, p1[i], fmaf(s0, p0[i], aj[i]))));
+        }
+    }
+    for (; m < M; m++) {
         const float *am = a + (size_t)m * lda, *bm = b0 + (size_t)m * ldb;
         for (int j = 0; j < R; j++) {
             const float s = am[j];
