@@ -113,65 +113,64 @@ void en_cpu_cross_entropy(en_backend *be, float *nll, const float *logits, const
     }
 }
 
-/* dlogits[t] = scale[t] (softmax(logits[t]) - onehot(target[t])), written
- * over the row; dlogits may be logits itself (else the row is copied there
- * first and worked on in place). At the target, p - 1 cancels when p ~ 1 (a
+/* One row of the gradient: g = sc (softmax(l) - onehot(tg)), written over
+ * the row; g may be l itself (else the row is copied there first and
+ * worked on in place). At the target, p - 1 cancels when p ~ 1 (a
  * confident, correct model): 1 - p = 1e-12 is lost entirely next to 1 in
  * float and mostly in double. So the other classes are summed apart and
- * the target gets -(their mass) / sum, accurate to a few ulps. */
+ * the target gets -(their mass) / sum, accurate to a few ulps. With nll,
+ * also the row's loss exactly as en_cpu_cross_entropy gives it: its sum
+ * runs over every class, whose lanes differ from the others' only in lane
+ * tg % 16, summed again from the stored exponentials in its own order
+ * (1/16 of a pass). */
+static void grad_row(float *g, const float *l, int tg, double sc, int V, float *nll) {
+    if (g != l) memcpy(g, l, (size_t)V * sizeof(float));
+    const float lt = g[tg], mx = row_max(g, V);
+    double other_l[16] = {0};
+    row_exp_lanes(other_l, g, V, mx, tg, 1); /* g now holds exp(l - mx) */
+    if (nll) {
+        double all_l[16], lane = 0;
+        memcpy(all_l, other_l, sizeof all_l);
+        for (int j = tg % 16; j < V; j += 16) lane += (double)g[j];
+        all_l[tg % 16] = lane;
+        *nll = (float)((double)mx + log(lanes_sum(all_l)) - (double)lt);
+    }
+    const double other = lanes_sum(other_l), sum = other + (double)g[tg]; /* in [1, V] */
+    row_scale(g, V, sc / sum);
+    g[tg] = (float)(-sc * (other / sum));
+}
+
+/* dlogits[t] = scale[t] (softmax(logits[t]) - onehot(target[t])), rows of
+ * ignored targets 0; dlogits may be logits. */
 void en_cpu_cross_entropy_bwd(en_backend *be, float *dlogits, const float *logits,
                               const int32_t *target, const float *scale, int T, int V) {
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \
     if ((size_t)T * (size_t)V >= CPU_PAR_MIN)
     for (int t = 0; t < T; t++) {
-        float *g = dlogits + (size_t)t * V;      /* (V) */
-        const float *l = logits + (size_t)t * V; /* (V), may be g */
-        const int tg = target[t];
-        if (tg < 0) { /* ignored position */
+        float *g = dlogits + (size_t)t * V; /* (V) */
+        if (target[t] < 0) /* ignored position */
             memset(g, 0, (size_t)V * sizeof(float));
-            continue;
-        }
-        if (g != l) memcpy(g, l, (size_t)V * sizeof(float));
-        const float mx = row_max(g, V);
-        const double other = row_exp_sum(g, V, mx, tg, 1); /* g now holds exp(l - mx) */
-        const double sum = other + (double)g[tg];        /* in [1, V] */
-        const double sc = scale ? (double)scale[t] : 1.0;
-        row_scale(g, V, sc / sum);
-        g[tg] = (float)(-sc * (other / sum));
+        else
+            grad_row(g, logits + (size_t)t * V, target[t], scale ? (double)scale[t] : 1.0, V,
+                     NULL);
     }
 }
 
 /* Both at once for training: nll[t] exactly as en_cpu_cross_entropy
  * gives it and dlogits[t] exactly as en_cpu_cross_entropy_bwd does (the
- * same bits), with one max pass and the exponentials computed once. The
- * loss needs the sum over every class and the gradient the sum over the
- * others: their lanes differ only in lane tg % 16, which is summed again
- * from the stored exponentials in its own order (1/16 of a pass). */
+ * same bits), with one max pass and the exponentials computed once. */
 void en_cpu_cross_entropy_fused(en_backend *be, float *nll, float *dlogits, const float *logits,
                                 const int32_t *target, const float *scale, int T, int V) {
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \
     if ((size_t)T * (size_t)V >= CPU_PAR_MIN)
     for (int t = 0; t < T; t++) {
-        float *g = dlogits + (size_t)t * V;      /* (V) */
-        const float *l = logits + (size_t)t * V; /* (V), may be g */
-        const int tg = target[t];
-        if (tg < 0) { /* ignored position */
+        float *g = dlogits + (size_t)t * V; /* (V) */
+        if (target[t] < 0) { /* ignored position */
             nll[t] = 0.0f;
             memset(g, 0, (size_t)V * sizeof(float));
-            continue;
+        } else {
+            grad_row(g, logits + (size_t)t * V, target[t], scale ? (double)scale[t] : 1.0, V,
+                     nll + t);
         }
-        if (g != l) memcpy(g, l, (size_t)V * sizeof(float));
-        const float lt = g[tg], mx = row_max(g, V);
-        double other_l[16] = {0}, all_l[16];
-        row_exp_lanes(other_l, g, V, mx, tg, 1); /* g now holds exp(l - mx) */
-        memcpy(all_l, other_l, sizeof all_l);
-        double lane = 0;
-        for (int j = tg % 16; j < V; j += 16) lane += (double)g[j];
-        all_l[tg % 16] = lane;
-        nll[t] = (float)((double)mx + log(lanes_sum(all_l)) - (double)lt);
-        const double other = lanes_sum(other_l), sum = other + (double)g[tg];
-        const double sc = scale ? (double)scale[t] : 1.0;
-        row_scale(g, V, sc / sum);
-        g[tg] = (float)(-sc * (other / sum));
     }
 }
