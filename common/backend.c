@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "backend_impl.h"
+#include "quant.h"
 
 en_backend_config en_backend_config_default(void) {
     en_backend_config cfg = {.n_threads = 0};
@@ -103,6 +104,43 @@ void en_op_embedding_w16(en_backend *be, float *y, const uint16_t *table, int wt
     wtype_check(wtype);
     if (T == 0 || C == 0) return;
     be->ops->embedding_w16(be, y, table, wtype, ids, T, C);
+}
+
+/* ---- block-quantised weights ---- */
+
+int en_backend_supports_quant(const en_backend *be) {
+    return be->ops->matmul_q && be->ops->matmul_q_bwd_x && be->ops->embedding_q;
+}
+
+static void qfmt_check(const en_backend *be, int qfmt, int K) {
+    EN_ASSERT(en_backend_supports_quant(be));
+    EN_ASSERT(en_quant_row_size((en_quant_fmt)qfmt, K) > 0);
+}
+
+void en_op_matmul_q(en_backend *be, float *y, const float *x, const void *w, int qfmt,
+                    const float *bias, int M, int N, int K) {
+    EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    qfmt_check(be, qfmt, K);
+    EN_ASSERT(y != x);
+    be->ops->matmul_q(be, y, x, w, qfmt, bias, M, N, K);
+}
+
+void en_op_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,
+                          int M, int N, int K) {
+    EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0 || K == 0 || !dx) return;
+    qfmt_check(be, qfmt, K);
+    EN_ASSERT(dx != dy);
+    be->ops->matmul_q_bwd_x(be, dx, dy, w, qfmt, M, N, K);
+}
+
+void en_op_embedding_q(en_backend *be, float *y, const void *table, int qfmt,
+                       const int32_t *ids, int T, int C) {
+    EN_ASSERT(T >= 0 && C >= 0);
+    if (T == 0 || C == 0) return;
+    qfmt_check(be, qfmt, C);
+    be->ops->embedding_q(be, y, table, qfmt, ids, T, C);
 }
 
 void en_op_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps, int T,

@@ -152,6 +152,40 @@ void en_op_embedding_w16(en_backend *be, float *y, const uint16_t *table, int wt
 void en_f32_to_w16(uint16_t *dst, const float *src, size_t n, int wtype);
 void en_w16_to_f32(float *dst, const uint16_t *src, size_t n, int wtype);
 
+/* ---- block-quantised weights (common/quant.h) ----
+ * Weights held as rows of q8 / q4 / GGUF-layout blocks (en_quant_fmt), a
+ * quarter to an eighth of float32's bytes: what makes decode, bound by
+ * reading the weights, faster. Activations, biases and outputs stay
+ * float32. CPU only for now: en_backend_supports_quant says whether a
+ * backend has these ops (the model loader refuses quantised weights on one
+ * that has not, with a message). */
+
+/* 1 when en_op_matmul_q / en_op_embedding_q run on this backend. */
+int en_backend_supports_quant(const en_backend *be);
+
+/* y(M,N) = x(M,K) · dequant(w)(N,K)^T + bias(N); w: N rows of
+ * en_quant_row_size(qfmt, K) bytes (qfmt an en_quant_fmt; K a multiple of
+ * its block, checked, abort otherwise). bias may be NULL; y must not alias
+ * x. Few rows (decode) and batch-invariant mode: en_quant_matmul (x
+ * quantised per row to q8, exact integer block products; each row's
+ * result bit-identical whatever M and n_threads). Many rows (prefill, not
+ * batch-invariant): panels of w dequantised to float32 and multiplied by
+ * sgemm, so the result differs from the few-rows path by the activations'
+ * quantisation (~1e-2 relative), not between runs. */
+void en_op_matmul_q(en_backend *be, float *y, const float *x, const void *w, int qfmt,
+                    const float *bias, int M, int N, int K);
+
+/* dx(M,K) += dy(M,N) · dequant(w)(N,K): the input gradient through a frozen
+ * quantised base weight (LoRA training over a quantised model). */
+void en_op_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,
+                          int M, int N, int K);
+
+/* y(T,C) = dequant(table)(ids[t]) rows (embedding lookup from a quantised
+ * table, e.g. a GGUF file's token_embd). ids in [0, V), checked by the
+ * caller. */
+void en_op_embedding_q(en_backend *be, float *y, const void *table, int qfmt,
+                       const int32_t *ids, int T, int C);
+
 /* y(T,C) = x / sqrt(mean(x^2) + eps) * w(C). y may alias x. */
 void en_op_rmsnorm(en_backend *be, float *y, const float *x, const float *w, float eps, int T,
                    int C);

@@ -1155,6 +1155,9 @@ static const en_backend_ops cpu_ops = {
     .matmul_w16 = en_cpu_matmul_w16,
     .matmul_w16_bwd_x = en_cpu_matmul_w16_bwd_x,
     .embedding_w16 = en_cpu_embedding_w16,
+    .matmul_q = en_cpu_matmul_q,
+    .matmul_q_bwd_x = en_cpu_matmul_q_bwd_x,
+    .embedding_q = en_cpu_embedding_q,
 };
 
 /* cfg may be NULL (defaults). Errors: EN_ERR_ARG (n_threads < 0),

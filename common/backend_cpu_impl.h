@@ -81,6 +81,14 @@ void en_cpu_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const u
 void en_cpu_embedding_w16(en_backend *be, float *y, const uint16_t *table, int wtype,
                           const int32_t *ids, int T, int C);
 
+/* Block-quantised weights: backend_cpu_quant.c. */
+void en_cpu_matmul_q(en_backend *be, float *y, const float *x, const void *w, int qfmt,
+                     const float *bias, int M, int N, int K);
+void en_cpu_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,
+                           int M, int N, int K);
+void en_cpu_embedding_q(en_backend *be, float *y, const void *table, int qfmt,
+                        const int32_t *ids, int T, int C);
+
 /* Builds a function twice, for AVX2 + FMA (x86-64-v3) and the baseline,
  * picked at load time: the elementwise loops over en_cpu_expf vectorise
  * with FMA there. Same bits from either clone (see en_cpu_expf). No

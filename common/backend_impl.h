@@ -130,6 +130,15 @@ typedef struct en_backend_ops {
                              int wtype, int M, int N, int K);
     void (*embedding_w16)(en_backend *be, float *y, const uint16_t *table, int wtype,
                           const int32_t *ids, int T, int C);
+
+    /* Block-quantised weights (en_op_matmul_q & co.): NULL on a backend
+     * without them (en_backend_supports_quant). qfmt and K checked. */
+    void (*matmul_q)(en_backend *be, float *y, const float *x, const void *w, int qfmt,
+                     const float *bias, int M, int N, int K);
+    void (*matmul_q_bwd_x)(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,
+                           int M, int N, int K);
+    void (*embedding_q)(en_backend *be, float *y, const void *table, int qfmt,
+                        const int32_t *ids, int T, int C);
 } en_backend_ops;
 
 struct en_backend {

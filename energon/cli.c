@@ -215,12 +215,23 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
         o->adapter = v;
         return 1;
     }
-    if (en_cli_flag(argc, argv, i, "--dtype", &v, bad)) {
+    /* --weights, and --dtype, its older name */
+    const char *wflag = argv[*i] && strncmp(argv[*i], "--dtype", 7) == 0 ? "--dtype" : "--weights";
+    if (en_cli_flag(argc, argv, i, wflag, &v, bad)) {
         if (!*bad && en_weights_parse(v) < 0) {
-            en_cli_error(cmd, "--dtype: '%s' is not one of auto, f32, bf16, f16", v);
+            en_cli_error(cmd, "%s: '%s' is not one of auto, f32, bf16, f16, q8, q4", wflag, v);
             *bad = 1;
         }
         o->dtype = v;
+        return 1;
+    }
+    if (en_cli_flag(argc, argv, i, "--output-weights", &v, bad)) {
+        int w = *bad ? -1 : en_weights_parse(v);
+        if (!*bad && w != EN_WEIGHTS_F32 && w != EN_WEIGHTS_Q8 && w != EN_WEIGHTS_Q4) {
+            en_cli_error(cmd, "--output-weights: '%s' is not one of f32, q8, q4", v);
+            *bad = 1;
+        }
+        o->output_weights = v;
         return 1;
     }
     if (en_cli_flag(argc, argv, i, "--tp", &v, bad)) {
@@ -255,6 +266,7 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out) {
     en_model_params mp = en_model_params_default();
     mp.backend = out->be;
     mp.weights = en_weights_parse(o->dtype ? o->dtype : "auto");
+    if (o->output_weights) mp.output_weights = en_weights_parse(o->output_weights);
     if (out->comm) {
         mp.comm = out->comm;
         mp.tp_size = en_comm_size(out->comm, EN_GROUP_TP);

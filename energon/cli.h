@@ -107,9 +107,13 @@ typedef struct en_cli_load_opts {
     int need_tokenizer;
     const char *adapter; /* --adapter: a run directory or PEFT adapter directory */
     int tp;              /* --tp: tensor-parallel size under mpirun (0/1 = none) */
-    /* --dtype: "auto" (default: the checkpoint's width), "f32", "bf16", "f16"
-     * (en_model_params.weights); NULL = auto */
+    /* --weights (or its older name --dtype): "auto" (default: the
+     * checkpoint's width, its quantised tensors kept), "f32", "bf16", "f16",
+     * "q8", "q4" (en_model_params.weights); NULL = auto */
     const char *dtype;
+    /* --output-weights: the output projection's format with --weights q8 or
+     * q4: "f32", "q8" (the default), "q4"; NULL = default */
+    const char *output_weights;
 } en_cli_load_opts;
 
 /* Load (the backend and communicators through en_cli_runtime_create, one
@@ -119,7 +123,7 @@ int en_cli_load(const char *cmd, const en_cli_load_opts *o, en_cli_model *out);
 void en_cli_unload(en_cli_model *cm);
 
 /* Common flags of model commands (--model, --adapter, --device,
- * --precision, --dtype, --threads, --tp). Returns 1 when argv[*i] was one of them.
+ * --precision, --weights / --dtype, --output-weights, --threads, --tp). Returns 1 when argv[*i] was one of them.
  * en_cli_load rejects --precision tf32 or bf16 without --device cuda
  * (EN_EXIT_USAGE). */
 int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load_opts *o,

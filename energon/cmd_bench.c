@@ -6,7 +6,7 @@
  *          (logits of the last token only, as generation does).
  * decode:  after a prompt of P tokens, time N single-token steps with
  *          logits; reports tokens/s and the weight bytes read per second
- *          (every step reads every weight once: param_bytes * tokens/s).
+ *          (every step reads every weight once: en_model_read_bytes * tokens/s).
  * Token ids are a fixed pseudo-random sequence: speed does not depend on them.
  * `energon bench serve` (load-testing a server over HTTP) is in
  * cmd_bench_serve.c.
@@ -213,7 +213,7 @@ static int bench_decode_batched(const char *cmd, en_cli_model *cm, int seqs, int
         if (r >= 0) times[r] = en_time_now() - t0;
     }
     double med = en_cli_median(times, repeats);
-    double steps = tokens / med, bytes = (double)en_model_param_bytes(cm->model);
+    double steps = tokens / med, bytes = (double)en_model_read_bytes(cm->model);
     if (json_out)
         printf("{\"bench\":\"decode\",\"seqs\":%d,\"tokens\":%d,\"repeats\":%d,"
                "\"tok_per_s\":%.3f,\"steps_per_s\":%.3f,\"weight_gb_per_s\":%.3f,"
@@ -355,7 +355,7 @@ int en_cmd_bench(int argc, char **argv) {
     }
     double med = en_cli_median(times, repeats);
     double tps = tokens / med;
-    double bytes = (double)en_model_param_bytes(cm.model);
+    double bytes = (double)en_model_read_bytes(cm.model);
     /* Forward FLOPs per token ~ 2 * parameters (matmuls), ignoring attention. */
     double gflops = 2.0 * (double)en_model_n_params(hp) * tps / 1e9;
     const char *wn = en_model_weights_name(cm.model);

@@ -17,6 +17,7 @@ int en_cmd_tokenizer(int argc, char **argv);
 int en_cmd_finetune(int argc, char **argv);
 int en_cmd_init(int argc, char **argv);
 int en_cmd_export(int argc, char **argv);
+int en_cmd_quantize(int argc, char **argv);
 int en_cmd_serve(int argc, char **argv);
 int en_cmd_chat(int argc, char **argv);
 
@@ -30,6 +31,7 @@ static const struct {
     {"finetune", en_cmd_finetune, "full or LoRA fine-tuning on text, Q&A or chat data"},
     {"init", en_cmd_init, "a randomly initialised model to pretrain from scratch"},
     {"export", en_cmd_export, "merge a LoRA adapter into a plain Hugging Face model"},
+    {"quantize", en_cmd_quantize, "write a model with 8- or 4-bit block-quantised weights"},
     {"serve", en_cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
     {"chat", en_cmd_chat, "chat with a server (or a model in-process) from the terminal"},
     {"generate", en_cmd_generate, "continue a prompt with a model"},

@@ -22,7 +22,10 @@ int en_embed_local_ids(const en_model *m, const int32_t *ids, int n, int32_t *id
 
 /* rows ids of a table held at the model's width */
 static void rows_of(const en_model *m, float *y, const float *table, const int32_t *ids, int n) {
-    if (m->wtype)
+    const int q = m->n_qrefs ? en_model_qfmt(m, table) : 0;
+    if (q)
+        en_op_embedding_q(m->be, y, table, q, ids, n, m->hp.n_embd);
+    else if (m->wtype)
         en_op_embedding_w16(m->be, y, (const uint16_t *)(const void *)table, m->wtype, ids, n,
                             m->hp.n_embd);
     else

@@ -435,7 +435,7 @@ en_status en_lora_merge(const en_lora *l, en_model *m, en_err *err) {
     const en_model_hparams *hp = &m->hp;
     if (hp->n_layer != l->hp.n_layer || hp->n_embd != l->hp.n_embd || hp->n_ff != l->hp.n_ff)
         return EN_ERR(err, EN_ERR_ARG, "the adapter was made for a different model shape");
-    if (m->wtype)
+    if (m->wtype || m->n_qrefs)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "merging needs float32 weights (the model holds its matrices at %s): load "
                       "it with --dtype f32",

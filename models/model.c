@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../common/file.h"
+#include "../common/quant.h"
 #include "../common/safetensors.h"
 #include "family.h"
 #include "gguf_model.h"
@@ -16,6 +17,7 @@
 en_model_params en_model_params_default(void) {
     en_model_params p = {0};
     p.tp_size = 1;
+    p.output_weights = EN_WEIGHTS_AUTO;
     return p;
 }
 
@@ -24,24 +26,39 @@ en_ctx_params en_ctx_params_default(void) {
     return p;
 }
 
+/* The block-quantised format a GGUF tensor type is usable as (0: none). */
+static int ggml_qfmt(int type) {
+    return type == EN_GGML_TYPE_Q8_0 ? EN_QUANT_Q8 : type == EN_GGML_TYPE_Q4_0 ? EN_QUANT_Q4 : 0;
+}
+
+/* Inputs per block of a format: the smallest width it takes. */
+static int qfmt_block(int fmt) {
+    return en_quant_row_size((en_quant_fmt)fmt, 32) ? 32 : 256;
+}
+
 /* The safetensors files of a directory: model.safetensors, or the shards
  * named by model.safetensors.index.json ("weight_map": name -> file). */
 typedef struct shard_set {
     en_st_file *files;
     int n;
     en_gguf *gguf; /* or a GGUF file (gguf_model.h) */
+    json_t *qformats; /* a quantised directory's tensor_formats (quantized.c) */
 } shard_set;
 
 static void shards_close(shard_set *ss) {
     en_gguf_close(ss->gguf);
     ss->gguf = NULL;
+    if (ss->qformats) json_decref(ss->qformats);
+    ss->qformats = NULL;
     for (int i = 0; i < ss->n; i++) en_st_close(&ss->files[i]);
     en_free(ss->files);
     ss->n = 0;
 }
 
 static en_status shards_open(const char *dir, shard_set *ss, en_err *err) {
+    json_t *qf = ss->qformats; /* read from config.json before */
     memset(ss, 0, sizeof *ss);
+    ss->qformats = qf;
     char *single = en_path_join(dir, "model.safetensors");
     char *index = en_path_join(dir, "model.safetensors.index.json");
     en_status s = EN_OK;
@@ -146,6 +163,7 @@ typedef struct src_tensor {
     const en_st_tensor *st;  /* safetensors */
     const en_gguf_tensor *gt; /* or GGUF */
     int perm;                /* GGUF: 1 / 2 q / k rows to unpermute */
+    int qsrc;                /* stored block-quantised (en_quant_fmt), 0: not */
     char gname[96];
 } src_tensor;
 
@@ -163,6 +181,7 @@ static int src_find(const shard_set *ss, const char *name, src_tensor *t) {
         t->shape[0] = t->gt->n_dims > 1 ? t->gt->dims[1] : t->gt->dims[0];
         t->shape[1] = t->gt->n_dims > 1 ? t->gt->dims[0] : 0;
         t->n_elem = t->gt->n_elem;
+        t->qsrc = ggml_qfmt(t->gt->type);
         if (t->gt->n_dims > 2) t->n_dims = t->gt->n_dims; /* found; the shape check refuses it */
         return 1;
     }
@@ -176,12 +195,26 @@ static int src_find(const shard_set *ss, const char *name, src_tensor *t) {
     t->shape[0] = t->st->shape[0];
     t->shape[1] = t->st->n_dims > 1 ? t->st->shape[1] : 0;
     t->n_elem = t->st->n_elem;
+    t->qsrc = en_quant_config_fmt(ss->qformats, t->name);
+    if (t->qsrc) { /* stored (rows, bytes): its shape in inputs */
+        const int blk = qfmt_block(t->qsrc);
+        const size_t bb = en_quant_row_size((en_quant_fmt)t->qsrc, blk);
+        const int64_t bytes = t->shape[1];
+        t->shape[1] = bytes > 0 && bytes % (int64_t)bb == 0 ? bytes / (int64_t)bb * blk : -1;
+        t->n_elem = t->shape[0] * (t->shape[1] > 0 ? t->shape[1] : 0);
+    }
     return 1;
 }
 
 /* The tensor as float32 into dst (n_elem); tmp: room for as many. */
 static en_status src_read(const en_model *m, const shard_set *ss, const src_tensor *t, float *dst,
                           float *tmp, en_err *err) {
+    if (t->st && t->qsrc)
+        return en_dequantize_rows((en_quant_fmt)t->qsrc, dst, t->st->data, (int)t->shape[0],
+                                  (int)t->shape[1]) == EN_OK
+                   ? EN_OK
+                   : EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s': bad quantised data", t->file,
+                            t->name);
     if (t->st) return en_st_to_f32(t->st, dst, err);
     if (!t->perm) return en_gguf_tensor_to_f32(ss->gguf, t->gt, dst, err);
     EN_TRY(en_gguf_tensor_to_f32(ss->gguf, t->gt, tmp, err));
@@ -243,7 +276,13 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
                       ss->gguf ? " (rows, columns)" : "", ss->gguf ? "the metadata" : "config.json",
                       exp);
     }
-    if (t->st && t->st->dtype != EN_DTYPE_F32 && t->st->dtype != EN_DTYPE_F16 &&
+    if (t->st && t->qsrc && (t->st->dtype != EN_DTYPE_U8 || t->n_dims != 2))
+        return EN_ERR(err, EN_ERR_FORMAT,
+                      "%s: tensor '%s' is %s in quantization_config but stored as %s with %d "
+                      "dimensions (need U8 (rows, bytes))",
+                      file, name, en_quant_name((en_quant_fmt)t->qsrc),
+                      en_dtype_name(t->st->dtype), t->n_dims);
+    if (t->st && !t->qsrc && t->st->dtype != EN_DTYPE_F32 && t->st->dtype != EN_DTYPE_F16 &&
         t->st->dtype != EN_DTYPE_BF16)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' has dtype %s (need F32, F16 or BF16)",
                       file, name, en_dtype_name(t->st->dtype));
@@ -261,6 +300,31 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
     return EN_OK;
 }
 
+/* A tensor the checkpoint stores in the format the model holds it at: its
+ * rows' bytes as they are (GGUF's q / k rows put back in Hugging Face's
+ * order; a fused tensor's block from its first row), uploaded. hq: room
+ * for the tensor's bytes. Tensor parallelism is refused for quantised
+ * weights, so this rank's tensor is the whole one. */
+static en_status load_raw_q(en_model *m, en_param_spec *sp, const src_tensor *t, uint8_t *hq) {
+    const int64_t rows = sp->shape[0];
+    const size_t rs = en_quant_row_size((en_quant_fmt)sp->qfmt, (int)sp->shape[1]);
+    const uint8_t *src = t->st ? t->st->data : (const uint8_t *)t->gt->data;
+    const int64_t row0 = sp->src[0] ? sp->src_row0 : 0;
+    const int64_t heads = t->perm == 1 ? m->hp.n_head : m->hp.n_kv_head;
+    const int64_t D = t->perm ? rows / heads : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t sr = r; /* Hugging Face row r is GGUF row h*D + 2i + c */
+        if (t->perm) {
+            const int64_t h = r / D, c = (r % D) / (D / 2), i = (r % D) % (D / 2);
+            sr = h * D + 2 * i + c;
+        }
+        memcpy(hq + (size_t)r * rs, src + (size_t)(row0 + sr) * rs, rs);
+    }
+    en_backend_upload(m->be, m->paramsq + sp->offset, hq, (size_t)rows * rs);
+    if (sp->slot) *sp->slot = (float *)(void *)(m->paramsq + sp->offset);
+    return EN_OK;
+}
+
 /* Read spec sp's tensor (or its block of a fused one), turn it to the
  * model's orientation, slice this rank's part and upload it. staging
  * holds 3 * cap floats. */
@@ -273,6 +337,7 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     full_shape(m, sp, &d0, &d1);
     src_tensor t;
     src_find(ss, name, &t); /* checked by check_tensor */
+    if (sp->qfmt && t.qsrc == sp->qfmt) return load_raw_q(m, sp, &t, (uint8_t *)staging);
     EN_TRY(src_read(m, ss, &t, staging, staging + cap, err));
     float *whole = staging;
     if (sp->flags & EN_PARAM_TRANSPOSED) { /* (in, out) -> (out, in) */
@@ -284,6 +349,16 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     if (sp->src[0]) whole += (size_t)sp->src_row0 * (size_t)(d1 ? d1 : 1);
     float *dst = staging + 2 * cap;
     en_tp_slice(m, sp->name, whole, d0, d1, dst, sp->n_elem);
+    if (sp->qfmt) { /* quantised on the host, uploaded as blocks (staging's first part is free) */
+        uint8_t *hq = (uint8_t *)staging;
+        const int rows = (int)sp->shape[0], K = (int)sp->shape[1];
+        if (en_quantize_rows((en_quant_fmt)sp->qfmt, hq, dst, rows, K) != EN_OK)
+            return EN_ERR(err, EN_ERR_ARG, "%s: cannot quantise", sp->name);
+        const size_t bytes = (size_t)rows * en_quant_row_size((en_quant_fmt)sp->qfmt, K);
+        en_backend_upload(m->be, m->paramsq + sp->offset, hq, bytes);
+        if (sp->slot) *sp->slot = (float *)(void *)(m->paramsq + sp->offset);
+        return EN_OK;
+    }
     if (sp->w16) { /* narrowed on the host, uploaded at 16 bits (staging's first part is free) */
         uint16_t *h16 = (uint16_t *)staging;
         en_f32_to_w16(h16, dst, sp->n_elem, m->wtype);
@@ -325,12 +400,18 @@ static int choose_wtype(const en_model *m, const shard_set *ss, int want) {
 /* Offsets of the float32 tensors in params and the 16-bit ones in
  * params16 (matrices, when the model holds them at 16 bits). */
 static void place_tensors(en_model *m) {
-    size_t off = 0, off16 = 0;
+    size_t off = 0, off16 = 0, offq = 0;
     for (int i = 0; i < m->n_specs; i++) {
         en_param_spec *sp = &m->specs[i];
-        sp->w16 = m->wtype && sp->n_dims == 2;
+        sp->w16 = m->wtype && sp->n_dims == 2 && !sp->qfmt;
         /* keep every tensor 64-byte aligned for vector loads */
-        if (sp->w16) {
+        if (sp->qfmt) {
+            sp->offset = offq;
+            offq += ((size_t)sp->shape[0] *
+                         en_quant_row_size((en_quant_fmt)sp->qfmt, (int)sp->shape[1]) +
+                     63) &
+                    ~(size_t)63;
+        } else if (sp->w16) {
             sp->offset = off16;
             off16 += (sp->n_elem + 31) & ~(size_t)31;
         } else {
@@ -340,6 +421,40 @@ static void place_tensors(en_model *m) {
     }
     m->n_params = off;
     m->n_params16 = off16;
+    m->n_paramsq = offq;
+}
+
+/* Which tensors are held block-quantised (sp->qfmt; quantized.c decides):
+ * the request, or for AUTO the checkpoint's own quantised tensors when
+ * the backend has the kernels. Refused with a message: quantised weights
+ * on a backend without the kernels, or with tensor parallelism. */
+static en_status choose_qfmts(en_model *m, const shard_set *ss, const en_model_params *params,
+                              const char *where, en_err *err) {
+    const int want = params->weights, can = en_backend_supports_quant(m->be);
+    const int asked = want == EN_WEIGHTS_Q8 || want == EN_WEIGHTS_Q4;
+    if (asked && !can)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "%s: --weights %s: block-quantised weights run on the CPU backend only "
+                      "(use --weights bf16 or f32 on %s)",
+                      where, want == EN_WEIGHTS_Q8 ? "q8" : "q4", en_backend_name(m->be));
+    int any = 0;
+    for (int i = 0; i < m->n_specs; i++) {
+        en_param_spec *sp = &m->specs[i];
+        const char *name;
+        int nd;
+        int64_t fs[2];
+        src_tensor t;
+        file_shape(m, sp, &name, &nd, fs);
+        int src = src_find(ss, name, &t) && can && !(sp->flags & EN_PARAM_TRANSPOSED) ? t.qsrc : 0;
+        sp->qfmt = m->wtype ? 0 : en_model_choose_qfmt(m, sp, want, params->output_weights, src);
+        any |= sp->qfmt != 0;
+    }
+    if (any && m->tp_size > 1)
+        return EN_ERR(err, EN_ERR_UNSUPPORTED,
+                      "%s: block-quantised weights with tensor parallelism (--tp %d) are not "
+                      "supported: load the model with --weights f32 or bf16",
+                      where, m->tp_size);
+    return EN_OK;
 }
 
 /* Every tensor of the layout from the checkpoint into m->params (sliced
@@ -407,6 +522,7 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     char *cfg_text = NULL;
     size_t cfg_len = 0;
     shard_set ss = {0};
+    int cfg_out = 0; /* a quantised directory's output_format */
     en_model *m = en_calloc(1, sizeof *m);
     if (!cfg_path || !m) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
@@ -421,6 +537,8 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
         if (s == EN_OK) s = en_gguf_model_config(ss.gguf, &cfg_text, &cfg_len, err);
     } else {
         s = en_file_read_all(cfg_path, &cfg_text, &cfg_len, err);
+        if (s == EN_OK)
+            s = en_quant_config_read(cfg_text, cfg_len, cfg_path, &ss.qformats, &cfg_out, err);
     }
     if (s != EN_OK) goto fail;
     const char *where = is_gguf ? dir : cfg_path; /* what messages name */
@@ -455,11 +573,14 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     s = check_weights(m, &ss, dir, &max_elem, err);
     if (s != EN_OK) goto fail;
     m->wtype = choose_wtype(m, &ss, params->weights);
+    s = choose_qfmts(m, &ss, params, dir, err);
+    if (s != EN_OK) goto fail;
     place_tensors(m);
     m->params = en_backend_alloc(m->be, (m->n_params ? m->n_params : 1) * sizeof(float));
     if (m->n_params16)
         m->params16 = en_backend_alloc(m->be, m->n_params16 * sizeof(uint16_t));
-    if (!m->params || (m->n_params16 && !m->params16)) {
+    if (m->n_paramsq) m->paramsq = en_backend_alloc(m->be, m->n_paramsq);
+    if (!m->params || (m->n_params16 && !m->params16) || (m->n_paramsq && !m->paramsq)) {
         s = EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory for %zu parameters", dir,
                    m->n_params + m->n_params16);
         goto fail;
@@ -467,6 +588,10 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     s = read_weights(m, &ss, dir, max_elem, err);
     if (s != EN_OK) goto fail;
     if (m->hp.tie_embeddings) m->w.lm_head = m->w.tok_embd;
+    s = en_model_quant_finish(m, params->weights == EN_WEIGHTS_AUTO ? cfg_out
+                                 : en_model_out_qfmt(params->weights, params->output_weights),
+                              err);
+    if (s != EN_OK) goto fail;
     s = en_rope_init(m, err);
     if (s != EN_OK) goto fail;
     if (m->hp.norm_plus1) { /* Gemma's 1 + w norms */
@@ -499,6 +624,7 @@ fail:
 void en_model_destroy(en_model *m) {
     if (!m) return;
     en_rope_destroy(m);
+    en_model_quant_destroy(m);
     en_free(m->config_text);
     if (m->params16) en_backend_free(m->be, m->params16);
     en_backend_free(m->be, m->ones);
@@ -515,15 +641,36 @@ const en_model_hparams *en_model_get_local_hparams(const en_model *m) { return &
 
 size_t en_model_param_bytes(const en_model *m) {
     size_t n = 0;
-    for (int i = 0; i < m->n_specs; i++)
-        n += m->specs[i].n_elem * (m->specs[i].w16 ? sizeof(uint16_t) : sizeof(float));
+    for (int i = 0; i < m->n_specs; i++) {
+        const en_param_spec *sp = &m->specs[i];
+        if (sp->qfmt)
+            n += (size_t)sp->shape[0] * en_quant_row_size((en_quant_fmt)sp->qfmt, (int)sp->shape[1]);
+        else
+            n += sp->n_elem * (sp->w16 ? sizeof(uint16_t) : sizeof(float));
+    }
+    if (m->lm_head_q) /* read per token instead of the tied embedding's float32 */
+        n += (size_t)m->hl.n_vocab *
+             en_quant_row_size((en_quant_fmt)en_model_qfmt(m, m->lm_head_q), m->hl.n_embd);
+    return n;
+}
+
+size_t en_model_read_bytes(const en_model *m) {
+    size_t n = en_model_param_bytes(m);
+    for (int i = 0; i < m->n_specs; i++) {
+        const en_param_spec *sp = &m->specs[i];
+        const int embd = sp->slot == &m->w.tok_embd || sp->slot == &m->w.pos_embd;
+        if (!embd || (sp->slot == &m->w.tok_embd && m->w.lm_head == m->w.tok_embd)) continue;
+        n -= sp->qfmt ? (size_t)sp->shape[0] *
+                            en_quant_row_size((en_quant_fmt)sp->qfmt, (int)sp->shape[1])
+                      : sp->n_elem * (sp->w16 ? sizeof(uint16_t) : sizeof(float));
+    }
     return n;
 }
 
 float *en_model_param(en_model *m, const char *name, size_t *n_elem) {
     for (int i = 0; i < m->n_specs; i++)
         if (strcmp(m->specs[i].name, name) == 0) {
-            if (m->specs[i].w16) return NULL;
+            if (m->specs[i].w16 || m->specs[i].qfmt) return NULL;
             if (n_elem) *n_elem = m->specs[i].n_elem;
             return m->params + m->specs[i].offset;
         }
@@ -531,13 +678,15 @@ float *en_model_param(en_model *m, const char *name, size_t *n_elem) {
 }
 
 int en_weights_parse(const char *s) {
-    static const char *const names[] = {"f32", "bf16", "f16", "auto"};
-    for (int i = 0; i < 4; i++)
+    static const char *const names[] = {"f32", "bf16", "f16", "auto", "q8", "q4"};
+    for (int i = 0; i < 6; i++)
         if (strcmp(s, names[i]) == 0) return i;
     return -1;
 }
 
 const char *en_model_weights_name(const en_model *m) {
+    const char *q = en_model_quant_name(m);
+    if (q) return q;
     return m->wtype == EN_WTYPE_BF16 ? "bf16" : m->wtype == EN_WTYPE_F16 ? "f16" : "f32";
 }
 
@@ -616,22 +765,29 @@ en_status en_model_save_safetensors(const en_model *m, const char *path, en_err 
     }
     float *host = specs ? en_malloc((total ? total : 1) * sizeof(float)) : NULL;
     uint16_t *h16 = m->n_params16 ? en_malloc(m->n_params16 * sizeof(uint16_t)) : NULL;
-    if (!host || (m->n_params16 && !h16)) {
+    uint8_t *hq = m->n_paramsq ? en_malloc(m->n_paramsq) : NULL;
+    if (!host || (m->n_params16 && !h16) || (m->n_paramsq && !hq)) {
         en_free(specs);
         en_free(host);
         en_free(h16);
+        en_free(hq);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     }
     if (h16) en_backend_download(m->be, h16, m->params16, m->n_params16 * sizeof(uint16_t));
+    if (hq) en_backend_download(m->be, hq, m->paramsq, m->n_paramsq);
     for (int i = 0; i < m->n_specs; i++) {
         const en_param_spec *sp = &m->specs[i];
-        if (sp->w16)
+        if (sp->qfmt) /* the values the blocks stand for */
+            en_dequantize_rows((en_quant_fmt)sp->qfmt, host + specs[i].offset, hq + sp->offset,
+                               (int)sp->shape[0], (int)sp->shape[1]);
+        else if (sp->w16)
             en_w16_to_f32(host + specs[i].offset, h16 + sp->offset, sp->n_elem, m->wtype);
         else
             en_backend_download(m->be, host + specs[i].offset, m->params + sp->offset,
                                 sp->n_elem * sizeof(float));
     }
     en_free(h16);
+    en_free(hq);
     en_st_writer_item *items;
     float *scratch;
     int n = en_model_file_items(specs, m->n_specs, host, &items, &scratch);

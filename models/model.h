@@ -134,11 +134,30 @@ typedef struct en_model_params {
      * full (its weights have no float32 master copy) nor merged into; LoRA
      * over it trains the adapter in float32. */
     int weights;
+    /* Q8 / Q4 (block-quantised, common/quant.h: 8 or 4 bits per weight
+     * plus a float16 scale per 32, int8 kernels on the CPU): every matrix
+     * but the embeddings, which stay float32. AUTO also keeps the
+     * quantised tensors of a GGUF file (Q8_0, Q4_0, and the formats
+     * en_quant_from_ggml knows) or of a directory written by `energon
+     * quantize` as they are. Inference (and LoRA over the frozen base) on
+     * the CPU backend only. */
+    /* The output projection's format when weights is Q8 or Q4: F32, Q8 or
+     * Q4 (EN_WEIGHTS_*), AUTO (the default): Q8. A tied output matrix gets
+     * its own quantised copy; the embedding stays float32. */
+    int output_weights;
 } en_model_params;
-enum { EN_WEIGHTS_F32 = 0, EN_WEIGHTS_BF16 = 1, EN_WEIGHTS_F16 = 2, EN_WEIGHTS_AUTO = 3 };
-/* "f32", "bf16", "f16", "auto" -> EN_WEIGHTS_*, or -1. */
+enum {
+    EN_WEIGHTS_F32 = 0,
+    EN_WEIGHTS_BF16 = 1,
+    EN_WEIGHTS_F16 = 2,
+    EN_WEIGHTS_AUTO = 3,
+    EN_WEIGHTS_Q8 = 4,
+    EN_WEIGHTS_Q4 = 5
+};
+/* "f32", "bf16", "f16", "auto", "q8", "q4" -> EN_WEIGHTS_*, or -1. */
 int en_weights_parse(const char *s);
-/* The width the model holds its matrices at: "f32", "bf16" or "f16". */
+/* What the model holds its matrices at: "f32", "bf16", "f16", "q8", "q4",
+ * or "mixed" (a GGUF file's several quantised types). */
 const char *en_model_weights_name(const en_model *m);
 en_model_params en_model_params_default(void);
 
@@ -190,7 +209,11 @@ size_t en_tp_gather_scratch(const en_model *m, size_t ne);
 /* 1 for the embedding and output matrices (vocab-parallel, padded to a
  * multiple of tp: rows past vocab_size are zero and masked). */
 int en_model_is_vocab_tensor(const en_model *m, const char *name);
-size_t en_model_param_bytes(const en_model *m); /* bytes of weights held (read per token) */
+size_t en_model_param_bytes(const en_model *m); /* bytes of weights held */
+/* Bytes of weights one decode step reads: every matrix and vector but the
+ * embedding tables (one row each per token), unless the output projection
+ * is the embedding itself. */
+size_t en_model_read_bytes(const en_model *m);
 
 /* Borrowed pointer to a named parameter (Hugging Face name) and its element
  * count, or NULL (also for a matrix held at 16 bits). For tests and
@@ -216,6 +239,12 @@ en_status en_model_load_weights(en_model *m, const char *path, en_err *err);
 /* Write dir/config.json: the config.json the model was loaded from, as it
  * was (every field a tool reading the directory needs), atomically. */
 en_status en_model_write_config(const en_model *m, const char *dir, en_err *err);
+/* Write a quantised model directory (`energon quantize`): dir/model.safetensors
+ * with each block-quantised matrix as a U8 (rows, row bytes) tensor in the
+ * model's (out, in) orientation, the rest float32, and dir/config.json with
+ * a quantization_config naming each tensor's format (docs/quantization.md).
+ * out_fmt: the output projection's format, recorded for a tied one. */
+en_status en_model_save_quantized(const en_model *m, const char *dir, int out_fmt, en_err *err);
 
 /* ---- inference context: KV cache plus activation scratch ----
  * One context holds one sequence. Not thread-safe; one per thread. */

@@ -72,6 +72,8 @@ typedef struct en_param_spec {
     unsigned flags; /* EN_PARAM_* */
     int w16;        /* held at 16 bits (the model's wtype): offset counts uint16
                        elements of params16 instead of floats of params */
+    int qfmt;       /* held block-quantised (an en_quant_fmt, 0: not): offset
+                       counts bytes of paramsq (quantized.c) */
     /* A block of a fused checkpoint tensor (src[0] != 0): its rows start at
      * row src_row0 of the file tensor named src, which has src_rows rows
      * (in the model's orientation) in all; whole-model counts, set by
@@ -99,6 +101,15 @@ struct en_model {
     int wtype;
     uint16_t *params16;
     size_t n_params16;
+    /* Block-quantised matrices (quantized.c): their bytes in paramsq, and
+     * every quantised weight's address with its format, sorted by address,
+     * for en_model_qfmt. lm_head_q: a quantised copy of a tied output
+     * matrix whose embedding stays wide. */
+    uint8_t *paramsq;
+    size_t n_paramsq;
+    struct en_qref *qrefs;
+    int n_qrefs;
+    void *lm_head_q;
     en_param_spec *specs;
     int n_specs;
     en_weights w;
@@ -108,6 +119,42 @@ struct en_model {
     size_t config_len;
     const en_lora *lora;     /* borrowed adapter, or NULL */
 };
+
+/* ---- quantized.c: block-quantised weights ---- */
+
+typedef struct en_qref {
+    const void *p;
+    int fmt; /* en_quant_fmt */
+} en_qref;
+
+/* The format of the quantised weight at w (an en_quant_fmt), or 0 when w
+ * is a float32 or 16-bit tensor. */
+int en_model_qfmt(const en_model *m, const void *w);
+/* The format spec sp is held at, given the requested weights (EN_WEIGHTS_*)
+ * and output format, and the source tensor's own quantisation (src_fmt: an
+ * en_quant_fmt the checkpoint stores it in, usable as is; 0: none). K is
+ * the input width (shape[1]); 0 = keep float32. */
+int en_model_choose_qfmt(const en_model *m, const en_param_spec *sp, int weights, int output,
+                         int src_fmt);
+/* After loading: the qrefs table, and the quantised copy of a tied output
+ * matrix when `output` (an en_quant_fmt) asks for one. */
+en_status en_model_quant_finish(en_model *m, int output, en_err *err);
+void en_model_quant_destroy(en_model *m);
+/* The output projection's format for these weights / output_weights
+ * (EN_WEIGHTS_*): an en_quant_fmt, 0 for float32. */
+int en_model_out_qfmt(int weights, int output);
+/* The quantised matrices' format name ("q8", "q4", "mixed"), NULL if none. */
+const char *en_model_quant_name(const en_model *m);
+/* A config.json's quantization_config (a directory written by `energon
+ * quantize`): *formats = a new reference to its tensor_formats object (name
+ * -> format), NULL when there is none; *out_fmt: its output_format (the
+ * tied output matrix's copy; 0: float32). A foreign quant_method or an unknown
+ * format is an error naming `where`. */
+struct json_t;
+en_status en_quant_config_read(const char *text, size_t len, const char *where,
+                               struct json_t **formats, int *out_fmt, en_err *err);
+/* The format formats gives tensor `name` (an en_quant_fmt), 0 if none. */
+int en_quant_config_fmt(const struct json_t *formats, const char *name);
 
 /* The weight a norm multiplies by: w, or for norm_plus1 families (Gemma)
  * 1 + w, made in a scratch buffer that is valid until the next call. The

@@ -79,7 +79,7 @@ en_status en_train_create(en_model *m, const en_train_config *cfg, en_train **ou
                       "tp %d",
                       cfg->batch, cfg->seq_len, m->tp_size);
     if (cfg->batch < 1) return EN_ERR(err, EN_ERR_ARG, "batch must be >= 1");
-    if (m->wtype && !m->lora)
+    if ((m->wtype || m->n_qrefs) && !m->lora)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "full fine-tuning needs float32 weights (this model holds its matrices at "
                       "%s): load it with --dtype f32, or train a LoRA adapter",
@@ -433,7 +433,11 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
         }
         if (!backward) continue;
         if (cap) en_op_softcap_bwd(be, t->logits, t->logits, t->capped, cap, (size_t)rows * V);
-        if (m->wtype) /* a frozen 16-bit output matrix (LoRA) */
+        const int lm_q = en_model_qfmt(m, m->w.lm_head);
+        if (lm_q) /* a frozen quantised output matrix (LoRA) */
+            en_op_matmul_q_bwd_x(be, t->dxf + (size_t)r0 * C, t->logits, m->w.lm_head, lm_q, rows,
+                                 V, C);
+        else if (m->wtype) /* a frozen 16-bit output matrix (LoRA) */
             en_op_matmul_w16_bwd_x(be, t->dxf + (size_t)r0 * C, t->logits,
                                    (const uint16_t *)(const void *)m->w.lm_head, m->wtype, rows, V,
                                    C);

@@ -613,6 +613,27 @@ static void guard_embedding_w16(en_backend *be, float *y, const uint16_t *table,
     CALL(embedding_w16(IN, y, table, wtype, ids, T, C));
 }
 
+static void guard_matmul_q(en_backend *be, float *y, const float *x, const void *w, int qfmt,
+                           const float *bias, int M, int N, int K) {
+    ENTER("matmul_q");
+    DEV(y), DEV(x), DEV(w), OPT(bias);
+    CALL(matmul_q(IN, y, x, w, qfmt, bias, M, N, K));
+}
+
+static void guard_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w,
+                                 int qfmt, int M, int N, int K) {
+    ENTER("matmul_q_bwd_x");
+    DEV(dx), DEV(dy), DEV(w);
+    CALL(matmul_q_bwd_x(IN, dx, dy, w, qfmt, M, N, K));
+}
+
+static void guard_embedding_q(en_backend *be, float *y, const void *table, int qfmt,
+                              const int32_t *ids, int T, int C) {
+    ENTER("embedding_q");
+    DEV(y), DEV(table), HOST(ids);
+    CALL(embedding_q(IN, y, table, qfmt, ids, T, C));
+}
+
 /* ---- object ---- */
 
 static void guard_destroy(en_backend *be) {
@@ -673,6 +694,9 @@ static const en_backend_ops guard_ops = {
     .matmul_w16 = guard_matmul_w16,
     .matmul_w16_bwd_x = guard_matmul_w16_bwd_x,
     .embedding_w16 = guard_embedding_w16,
+    .matmul_q = guard_matmul_q,
+    .matmul_q_bwd_x = guard_matmul_q_bwd_x,
+    .embedding_q = guard_embedding_q,
 };
 
 /* The reservation, registered with the SIGSEGV handler. */

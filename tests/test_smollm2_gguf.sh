@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # test_smollm2_gguf.sh ENERGON FIXTURES
 # SmolLM2-135M-Instruct read straight from its GGUF file (--model FILE.gguf:
-# weights dequantised on load, tokenizer and chat template from the
-# metadata), against transformers on the Hugging Face directory it makes of
-# the same file (tests/fixtures/chat/*.json, written by tests/gen/):
-#   - `generate --chat` greedy ids = transformers' greedy answer;
-#   - `eval` mean NLL of a text within 1e-4 of transformers' (GGUF and the
-#     directory);
-#   - `serve --model FILE.gguf` answers the official openai client with
+# tokenizer and chat template from the metadata), against transformers on
+# the Hugging Face directory it makes of the same file
+# (tests/fixtures/chat/*.json, written by tests/gen/):
+#   - `generate --chat --weights f32` (the tensors dequantised on load)
+#     greedy ids = transformers' greedy answer;
+#   - `eval` mean NLL of a text within 1e-4 of transformers' (the GGUF with
+#     its quantised tensors kept, whose prompt-sized products run on the
+#     dequantised panels, and the directory);
+#   - `serve --model FILE.gguf --weights f32` answers the official openai client with
 #     transformers' greedy text, streamed and not;
-#   - a LoRA fine-tune on a small chat .jsonl with the GGUF as base lowers the
+#   - a LoRA fine-tune on a small chat .jsonl with the GGUF (quantised
+#     tensors kept: LoRA over a frozen quantised base) as base lowers the
 #     held-out loss, and its adapter, loaded by PEFT on the directory, gives
 #     the NLL energon gives with it (within 1e-4).
 # Needs ~/.cache/energon/smollm2/{SmolLM2-135M-Instruct.Q4_1.gguf,hf} made by
@@ -56,7 +59,10 @@ open(sys.argv[4], "w").write(m[0]["content"] if m[0]["role"] == "system" else ""
     system=$(cat "$T/system")
     sys_arg=()
     [ -n "$system" ] && sys_arg=(--system "$system")
-    "$ENERGON" generate --model "$G" --chat "${sys_arg[@]}" --prompt "$prompt" --temperature 0 \
+    # --weights f32: the GGUF's tensors dequantised, as transformers reads
+    # them (by default its quantised tensors run on the int8 kernels, which
+    # also quantise the activations: bench/perplexity.sh measures that)
+    "$ENERGON" generate --model "$G" --weights f32 --chat "${sys_arg[@]}" --prompt "$prompt" --temperature 0 \
         --max-tokens 48 --json --threads 2 >"$T/gen$c.json" 2>"$T/gen$c.err"
     if "$PY" - "$T/gen$c.json" "$GREEDY" "$c" <<'EOF'
 import json, sys
@@ -82,7 +88,7 @@ for src in "$G" "$M"; do
 done
 
 # ---- serve --model FILE.gguf with the openai client
-"$ENERGON" serve --model "$G" --port 0 --threads 2 --model-name smollm2 >"$T/serve.log" 2>&1 &
+"$ENERGON" serve --model "$G" --weights f32 --port 0 --threads 2 --model-name smollm2 >"$T/serve.log" 2>&1 &
 SPID=$!
 URL=
 for _ in $(seq 1 600); do

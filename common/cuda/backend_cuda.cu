@@ -737,6 +737,10 @@ static const en_backend_ops cuda_ops = {
     /* .matmul_w16 = */ cuda_matmul_w16,
     /* .matmul_w16_bwd_x = */ cuda_matmul_w16_bwd_x,
     /* .embedding_w16 = */ cuda_embedding_w16,
+    /* block-quantised weights: CPU only for now (en_backend_supports_quant) */
+    /* .matmul_q = */ NULL,
+    /* .matmul_q_bwd_x = */ NULL,
+    /* .embedding_q = */ NULL,
 };
 
 /* A failed CUDA call during create: record it and go to the cleanup. */
