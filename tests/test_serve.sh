@@ -15,6 +15,8 @@
 #   chat_cli     `energon chat` piped, against the server and in-process
 #   soak         thousands of mixed requests leave memory, threads, fds flat
 #   sigterm      SIGTERM with requests running: they complete, exit 0
+# and concurrency once more against a server with --weights q8 (the int8
+# kernels are batch-invariant too).
 # The model: stories260K from SHARED (converted here) when it is there, else
 # a random one made here (tokenizer trained on examples/company, `energon
 # init`), so the suite never needs ../shared. EN_SERVE_TEST_MODEL=random
@@ -142,6 +144,30 @@ for script in $SCRIPTS; do
         break
     fi
 done
+
+# ---- the same batch-invariance check on block-quantised weights: a second
+# server with --weights q8 (int8 kernels) runs concurrency.py, whose answers
+# must equal the same requests sent alone
+case " $SCRIPTS " in *" concurrency "*)
+    "$ENERGON" serve --model "$T/model" --weights q8 --port 0 --model-name "$NAME" --threads 1 \
+        >"$T/server-q8.log" 2>&1 &
+    QPID=$!
+    QURL=
+    for _ in $(seq 1 $((ASAN ? 3000 : 600))); do
+        QURL=$(grep -o 'listening on http://[^ ]*' "$T/server-q8.log" | head -1 | sed 's/listening on //')
+        [ -n "$QURL" ] || ! alive "$QPID" && break
+        sleep 0.1
+    done
+    echo "---- concurrency against a second server with --weights q8"
+    (cd "$HERE/serve" && EN_URL=$QURL EN_SERVER_PID=$QPID "$PY" -u concurrency.py) >"$T/concurrency-q8.out" 2>&1
+    sed 's/^\(PASS\|FAIL\) /\1 q8: /' "$T/concurrency-q8.out"
+    pass=$((pass + $(grep -c '^PASS ' "$T/concurrency-q8.out")))
+    fail=$((fail + $(grep -c '^FAIL ' "$T/concurrency-q8.out")))
+    [ -n "$QURL" ] || { echo "FAIL the q8 server did not start"; fail=$((fail + 1)); }
+    kill -TERM "$QPID" 2>/dev/null
+    wait "$QPID" 2>/dev/null
+    ;;
+esac
 
 # The main server got SIGTERM from sigterm.py: it must have exited 0 (under
 # ASan, LeakSanitizer makes a leak a non-zero exit). Killed if it hangs.
