@@ -144,61 +144,6 @@ const char *en_model_quant_name(const en_model *m) {
     return mixed ? "mixed" : f ? en_quant_name((en_quant_fmt)f) : NULL;
 }
 
-/* ---- the quantised directory's config ---- */
-
-en_status en_quant_config_read(const char *text, size_t len, const char *where, json_t **formats,
-                               int *out_fmt, en_err *err) {
-    *formats = NULL;
-    *out_fmt = 0;
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
-    if (!root) return EN_OK; /* the config parser reports bad JSON */
-    json_t *qc = json_object_get(root, "quantization_config");
-    en_status s = EN_OK;
-    if (!qc) goto done;
-    const char *method = json_string_value(json_object_get(qc, "quant_method"));
-    if (!method || strcmp(method, "energon") != 0) {
-        s = EN_ERR(err, EN_ERR_UNSUPPORTED,
-                   "%s: quantization_config.quant_method is '%s'; energon reads only its own "
-                   "('energon', written by `energon quantize`)",
-                   where, method ? method : "(missing)");
-        goto done;
-    }
-    json_t *tf = json_object_get(qc, "tensor_formats");
-    if (!json_is_object(tf)) {
-        s = EN_ERR(err, EN_ERR_FORMAT, "%s: quantization_config.tensor_formats is not an object",
-                   where);
-        goto done;
-    }
-    const char *key;
-    json_t *val;
-    json_object_foreach(tf, key, val) {
-        const char *f = json_string_value(val);
-        if (!f || en_quant_parse(f) == EN_QUANT_NONE) {
-            s = EN_ERR(err, EN_ERR_FORMAT,
-                       "%s: quantization_config.tensor_formats['%s'] is not a known format",
-                       where, key);
-            goto done;
-        }
-    }
-    const char *of = json_string_value(json_object_get(qc, "output_format"));
-    if (of && strcmp(of, "f32") != 0 && !(*out_fmt = (int)en_quant_parse(of))) {
-        s = EN_ERR(err, EN_ERR_FORMAT,
-                   "%s: quantization_config.output_format '%s' is not f32 or a known format",
-                   where, of);
-        goto done;
-    }
-    *formats = json_incref(tf);
-done:
-    json_decref(root);
-    return s;
-}
-
-int en_quant_config_fmt(const json_t *formats, const char *name) {
-    const char *f = formats ? json_string_value(json_object_get(formats, name)) : NULL;
-    return f ? (int)en_quant_parse(f) : 0;
-}
-
 /* ---- writing a quantised directory (`energon quantize`) ---- */
 
 /* The bytes of one quantised file tensor: the blocks of a fused tensor
