@@ -18,6 +18,7 @@
 #include "../models/lora.h"
 #include "../models/optim.h"
 #include "../models/train.h"
+#include "../common/membw.h"
 #include "cli.h"
 
 #define CMD "bench"
@@ -359,18 +360,26 @@ int en_cmd_bench(int argc, char **argv) {
     /* Forward FLOPs per token ~ 2 * parameters (matmuls), ignoring attention. */
     double gflops = 2.0 * (double)en_model_n_params(hp) * tps / 1e9;
     const char *wn = en_model_weights_name(cm.model);
+    /* decode's ceiling: the memory read bandwidth, measured now with the
+     * same threads over 512 MiB (far past any cache) */
+    const double bw =
+        is_decode ? en_measure_read_bandwidth(en_backend_n_threads(cm.be), (size_t)512 << 20) : 0;
+    const double wgbs = is_decode ? bytes * tps / 1e9 : 0.0;
     if (json_out) {
         printf("{\"bench\":\"%s\",\"tokens\":%d,\"repeats\":%d,\"threads\":%d,\"tok_per_s\":%.3f,"
-               "\"weight_gb_per_s\":%.3f,\"gflop_per_s\":%.3f,\"param_bytes\":%.0f,"
-               "\"weights\":\"%s\",\"rss_after_load_mb\":%.1f}\n",
-               mode, tokens, repeats, en_backend_n_threads(cm.be), tps,
-               is_decode ? bytes * tps / 1e9 : 0.0, gflops, bytes, wn, rss_mb);
+               "\"weight_gb_per_s\":%.3f,\"read_bw_gb_per_s\":%.3f,\"gflop_per_s\":%.3f,"
+               "\"param_bytes\":%.0f,\"weights\":\"%s\",\"rss_after_load_mb\":%.1f}\n",
+               mode, tokens, repeats, en_backend_n_threads(cm.be), tps, wgbs, bw, gflops, bytes,
+               wn, rss_mb);
     } else {
         printf("bench %s: %d tokens, median of %d, %d threads, %.1f MB of %s weights, "
                "%.1f MB resident after loading\n",
                mode, tokens, repeats, en_backend_n_threads(cm.be), bytes / 1e6, wn, rss_mb);
         printf("  tokens/s: %.2f\n", tps);
-        if (is_decode) printf("  weights read: %.2f GB/s\n", bytes * tps / 1e9);
+        if (is_decode)
+            printf("  weights read: %.2f GB/s (%.0f%% of the memory read bandwidth measured now: "
+                   "%.2f GB/s)\n",
+                   wgbs, bw > 0 ? 100.0 * wgbs / bw : 0.0, bw);
         printf("  matmul GFLOP/s: %.2f\n", gflops);
     }
     rc = EN_EXIT_OK;
