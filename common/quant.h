@@ -1,25 +1,43 @@
 /*
  * quant.h - block-quantised weight rows and their CPU matmul kernels.
  *
- * A weight matrix w(N,K) is N rows of K inputs; K is a multiple of 32 and
- * each row is K/32 blocks of 32 consecutive inputs. Two formats, with the
- * byte layouts of GGUF Q8_0 and Q4_0 so that tensors read from a .gguf can
- * go to the same kernels without repacking:
+ * A weight matrix w(N,K) is N rows of K inputs, each row a run of blocks
+ * along K. Every format has the byte layout of the GGUF (ggml) type of the
+ * same name, so tensors read from a .gguf go to the kernels without
+ * repacking (en_quant_from_ggml maps the type ids):
  *
- *   EN_QUANT_Q8 (34 bytes/block): float16 scale d (little-endian), then
- *       32 int8 q; x ~= d * q, with d = max|x| / 127 and q rounded to
- *       nearest (|q| <= 127; the kernels also take -128, which a GGUF
- *       Q8_0 tensor from elsewhere may hold).
- *   EN_QUANT_Q4 (18 bytes/block): float16 scale d, then 16 bytes of
- *       nibbles q in 0..15; x ~= d * (q - 8). Byte j holds element j in its
- *       low nibble and element j + 16 in its high nibble. d = m / -8 where m
- *       is the element of largest magnitude, so m itself is exact (q = 0)
- *       and the grid uses all 16 levels.
+ *   EN_QUANT_Q8 = Q8_0 (32 inputs, 34 bytes): float16 scale d
+ *       (little-endian), then 32 int8 q; x ~= d * q, with d = max|x| / 127
+ *       and q rounded to nearest (|q| <= 127; the kernels also take -128,
+ *       which a GGUF Q8_0 tensor from elsewhere may hold).
+ *   EN_QUANT_Q4 = Q4_0 (32 inputs, 18 bytes): float16 scale d, then 16
+ *       bytes of nibbles q in 0..15; x ~= d * (q - 8). Byte j holds element
+ *       j in its low nibble and element j + 16 in its high nibble. d = m / -8
+ *       where m is the element of largest magnitude, so m itself is exact
+ *       (q = 0) and the grid uses all 16 levels.
+ *   EN_QUANT_Q4_1 = Q4_1 (32 inputs, 20 bytes): float16 d, float16 m, 16
+ *       bytes of nibbles as Q4_0; x ~= d * q + m. The quantiser takes m at
+ *       or just below the block's minimum and d so that m + 15 d reaches its
+ *       maximum (both rounded outwards to float16), so every element is
+ *       within d / 2.
+ *   EN_QUANT_Q4_K = Q4_K (256 inputs, 144 bytes): float16 d, float16 dmin,
+ *       12 bytes packing eight 6-bit sub-block scales sc and mins mn, 128
+ *       bytes of nibbles (per 32 bytes: sub-block 2c in the low nibbles,
+ *       2c + 1 in the high ones); x ~= (d * sc) * q - dmin * mn for the
+ *       sub-block of 32 it lies in. The quantiser rounds mins and scales
+ *       outwards so that each sub-block's range is covered: every element
+ *       is within half its sub-block's step d * sc.
+ *   EN_QUANT_Q6_K = Q6_K (256 inputs, 210 bytes): 128 bytes of low
+ *       nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales (one per 16
+ *       inputs), float16 d last; x ~= (d * sc) * (q - 32), q in 0..63. Per
+ *       16 the element of largest magnitude maps near level -32 (the scale
+ *       rounded outwards), so every element is within half a step, or a
+ *       step for those past +31.5 steps.
+ * The reference for the layouts is common/gguf.c's dequantisation, which
+ * en_dequantize_rows matches bit for bit.
  *
- * Rounding uses the float16 scale actually stored, so that a value on the
- * grid (d * q with d a float16) quantises back to itself exactly.
- *
- * Not yet wired into backend.h's op table or the model loaders.
+ * Rounding uses the float16 scales actually stored, so that a value on the
+ * grid quantises back to itself exactly (Q8_0, Q4_0).
  */
 #ifndef EN_QUANT_H
 #define EN_QUANT_H
@@ -35,41 +53,63 @@ extern "C" {
 
 typedef enum en_quant_fmt {
     EN_QUANT_NONE = 0, /* not a format: what en_quant_parse returns for junk */
-    EN_QUANT_Q8 = 1,
-    EN_QUANT_Q4 = 2
+    EN_QUANT_Q8 = 1,   /* GGUF Q8_0 */
+    EN_QUANT_Q4 = 2,   /* GGUF Q4_0 */
+    EN_QUANT_Q4_1 = 3, /* GGUF Q4_1 */
+    EN_QUANT_Q4_K = 4, /* GGUF Q4_K */
+    EN_QUANT_Q6_K = 5  /* GGUF Q6_K */
 } en_quant_fmt;
 
-#define EN_QUANT_BLOCK 32 /* inputs per block */
+#define EN_QUANT_BLOCK 32 /* inputs per activation (q8) block and per sub-block */
 
-/* "q8", "q4"; "?" for anything else. Never NULL. */
+/* "q8", "q4", "q4_1", "q4_k", "q6_k"; "?" for anything else. Never NULL. */
 const char *en_quant_name(en_quant_fmt fmt);
-/* The format named s ("q8", "q4"), EN_QUANT_NONE if none. */
+/* The format named s (one of en_quant_name's names), EN_QUANT_NONE if
+ * none. */
 en_quant_fmt en_quant_parse(const char *s);
+/* The format with the byte layout of ggml type id ggml_type (GGUF tensor
+ * info; common/gguf.h en_ggml_type): 8 Q8_0, 2 Q4_0, 3 Q4_1, 12 Q4_K,
+ * 14 Q6_K; EN_QUANT_NONE for any other id. */
+en_quant_fmt en_quant_from_ggml(int ggml_type);
+
+/* Inputs per block: 32 (q8, q4, q4_1) or 256 (q4_k, q6_k); 0 for an
+ * unknown format. K must be a multiple of it. */
+int en_quant_block_elems(en_quant_fmt fmt);
 
 /* Bytes of one row of K inputs; 0 for an unknown format or K not a
- * positive multiple of 32. */
+ * positive multiple of en_quant_block_elems(fmt). */
 size_t en_quant_row_size(en_quant_fmt fmt, int K);
 
-/* dst (N rows of en_quant_row_size bytes) = src(N,K) quantised. Scales
- * past float16's range become inf (weights that large are not expected).
- * EN_ERR_ARG for a bad format, K or N. */
+/* dst (N rows of en_quant_row_size bytes) = src(N,K) quantised, by the
+ * rules in this file's header (not llama.cpp's quantisers bit for bit).
+ * Scales past float16's range become inf (weights that large are not
+ * expected). EN_ERR_ARG for a bad format, K or N. Thread-safe. */
 en_status en_quantize_rows(en_quant_fmt fmt, void *dst, const float *src, int N, int K);
-/* dst(N,K) = the values src's rows stand for (d * q, float32). */
+/* dst(N,K) = the values src's rows stand for, as float32 in common/gguf.c's
+ * (ggml's) operation order, so equal to en_ggml_to_f32 bit for bit.
+ * EN_ERR_ARG as en_quantize_rows. */
 en_status en_dequantize_rows(en_quant_fmt fmt, float *dst, const void *src, int N, int K);
 
-/* y(M,N) = x(M,K) · dequant(w)(N,K)^T, w as written by en_quantize_rows.
+/* y(M,N) = x(M,K) · dequant(w)(N,K)^T, w as written by en_quantize_rows
+ * (or a GGUF tensor of the same type). Borrows all pointers; y must not
+ * overlap x or w.
  *
- * Each row of x is first quantised to EN_QUANT_Q8 blocks with
- * en_quantize_rows (so the product is exactly that of the two quantised
- * operands up to float rounding), then for each block the integer dot
- * product of the 32 pairs is formed exactly and y accumulates
- * (dw * dx) * (float)isum over the blocks in a fixed order (quant_cpu.c,
- * no fused multiply-add).
- * The AVX2 and portable paths follow that order, so results are
- * bit-identical across paths and for any n_threads (OpenMP over N).
- * Made for small M (decode); correct for any M >= 1.
- * EN_ERR_ARG for bad arguments, EN_ERR_NOMEM if the scratch for the
- * quantised x cannot be allocated. */
+ * Each row of x is first quantised to EN_QUANT_Q8 blocks of 32 as
+ * en_quantize_rows does (so the product is exactly that of the two
+ * quantised operands up to float rounding), then for each block of 32
+ * inputs (a K-quant's sub-block) the integer dot products are formed
+ * exactly and y accumulates one float term per block in a fixed order
+ * (quant_cpu.c's header gives each format's term; no fused multiply-add).
+ * Every y element goes through the same operations whatever M, n_threads
+ * (OpenMP over N) and the path (AVX2 or portable), so y's rows are
+ * bit-identical across all of those: a row computed alone (M = 1) equals
+ * the same row inside a batch.
+ * Made for small M (decode, batched serving); correct for any M >= 1.
+ * Scratch for the quantised x is kept per calling thread and grown as
+ * needed (freed when the thread exits), so steady-state calls do not
+ * allocate. Thread-safe (calls from different threads may overlap).
+ * EN_ERR_ARG for bad arguments, EN_ERR_NOMEM if the scratch cannot be
+ * allocated. */
 en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void *w, int M, int N,
                           int K, int n_threads);
 

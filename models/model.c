@@ -26,16 +26,6 @@ en_ctx_params en_ctx_params_default(void) {
     return p;
 }
 
-/* The block-quantised format a GGUF tensor type is usable as (0: none). */
-static int ggml_qfmt(int type) {
-    return type == EN_GGML_TYPE_Q8_0 ? EN_QUANT_Q8 : type == EN_GGML_TYPE_Q4_0 ? EN_QUANT_Q4 : 0;
-}
-
-/* Inputs per block of a format: the smallest width it takes. */
-static int qfmt_block(int fmt) {
-    return en_quant_row_size((en_quant_fmt)fmt, 32) ? 32 : 256;
-}
-
 /* The safetensors files of a directory: model.safetensors, or the shards
  * named by model.safetensors.index.json ("weight_map": name -> file). */
 typedef struct shard_set {
@@ -181,7 +171,7 @@ static int src_find(const shard_set *ss, const char *name, src_tensor *t) {
         t->shape[0] = t->gt->n_dims > 1 ? t->gt->dims[1] : t->gt->dims[0];
         t->shape[1] = t->gt->n_dims > 1 ? t->gt->dims[0] : 0;
         t->n_elem = t->gt->n_elem;
-        t->qsrc = ggml_qfmt(t->gt->type);
+        t->qsrc = (int)en_quant_from_ggml(t->gt->type);
         if (t->gt->n_dims > 2) t->n_dims = t->gt->n_dims; /* found; the shape check refuses it */
         return 1;
     }
@@ -197,7 +187,7 @@ static int src_find(const shard_set *ss, const char *name, src_tensor *t) {
     t->n_elem = t->st->n_elem;
     t->qsrc = en_quant_config_fmt(ss->qformats, t->name);
     if (t->qsrc) { /* stored (rows, bytes): its shape in inputs */
-        const int blk = qfmt_block(t->qsrc);
+        const int blk = en_quant_block_elems((en_quant_fmt)t->qsrc);
         const size_t bb = en_quant_row_size((en_quant_fmt)t->qsrc, blk);
         const int64_t bytes = t->shape[1];
         t->shape[1] = bytes > 0 && bytes % (int64_t)bb == 0 ? bytes / (int64_t)bb * blk : -1;

@@ -137,8 +137,8 @@ typedef struct en_model_params {
     /* Q8 / Q4 (block-quantised, common/quant.h: 8 or 4 bits per weight
      * plus a float16 scale per 32, int8 kernels on the CPU): every matrix
      * but the embeddings, which stay float32. AUTO also keeps the
-     * quantised tensors of a GGUF file (Q8_0, Q4_0, and the formats
-     * en_quant_from_ggml knows) or of a directory written by `energon
+     * quantised tensors of a GGUF file (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K:
+     * en_quant_from_ggml) or of a directory written by `energon
      * quantize` as they are. Inference (and LoRA over the frozen base) on
      * the CPU backend only. */
     /* The output projection's format when weights is Q8 or Q4: F32, Q8 or

@@ -1,18 +1,28 @@
 /*
- * test_quant.c - the q8 / q4 block formats and en_quant_matmul (quant.h):
- *  - names, parsing, row sizes, argument errors;
- *  - round trip: every element within half a step (|d|/2) of its value,
- *    except q4 elements past +7.5 steps, which clamp to +7 (within |d|);
- *    values on the grid (float16 d times an integer level) come back
- *    exactly, and the q8 bytes are the levels themselves;
- *  - en_quant_matmul against a float64 sum over the SAME quantised weights
- *    and the same quantised activations (en_quantize_rows q8 of x, which
- *    is what the kernel uses), so the only difference is float rounding in
- *    the accumulation: bounded by 1e-5 of the sum of |terms|; q8 weights
- *    include the level -128, which GGUF files may hold though our
+ * test_quant.c - the block formats (q8, q4, q4_1, q4_k, q6_k) and
+ * en_quant_matmul (quant.h):
+ *  - names, parsing, ggml type ids, block sizes, row sizes, argument errors;
+ *  - round trip: every element within half a step of its value (the step
+ *    of its block or sub-block, read back by dequantising the same block
+ *    with every level set to 0 and then 1), except q4 / q6_k elements past
+ *    the top level + 1/2, which clamp to it (within a step); values on the
+ *    q8 / q4 grid (float16 d times an integer level) come back exactly, and
+ *    the q8 bytes are the levels themselves;
+ *  - en_dequantize_rows equals common/gguf.c's en_ggml_to_f32 (the
+ *    independent reader of the GGUF layouts) bit for bit, on quantised rows
+ *    and on random bytes (random scales included);
+ *  - en_quant_matmul against a float64 sum over the SAME dequantised
+ *    weights and the same quantised activations (en_quantize_rows q8 of x,
+ *    which is what the kernel uses), so the only difference is float
+ *    rounding: bounded by 1e-5 of the sum of |x| times (|w| + 2 |offset|),
+ *    where offset is what level 0 dequantises to (q4_1's m, q4_k's
+ *    -dmin * mn: the kernels add those separately, so cancellation between
+ *    the level term and the offset must not count against them); q8
+ *    weights include the level -128, which GGUF files may hold though our
  *    quantiser never writes it;
- *  - bit-identity: AVX2 vs portable kernels (en_quant_set_simd) and 1 vs 2
- *    threads;
+ *  - bit-identity: AVX2 vs portable kernels (en_quant_set_simd), 1 vs 2
+ *    threads, and each row of an M = 17 batch vs the same row alone (M = 1;
+ *    the two take different AVX2 loops);
  *  - a bench-like print of weight GB/s at M = 1, N = 2048, K = 768 (no
  *    assertion on time).
  * Outputs start as NaN, so an element the kernel forgets fails.
@@ -23,11 +33,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gguf.h" /* en_ggml_to_f32: the reference dequantiser */
 #include "common/quant.h"
 #include "common/safetensors.h" /* en_f16_to_f32, en_f32_to_f16 */
 #include "test_util.h"
 
-static const en_quant_fmt fmts[2] = {EN_QUANT_Q8, EN_QUANT_Q4};
+#define N_FMTS 5
+static const en_quant_fmt fmts[N_FMTS] = {EN_QUANT_Q8, EN_QUANT_Q4, EN_QUANT_Q4_1, EN_QUANT_Q4_K,
+                                          EN_QUANT_Q6_K};
+static const int ggml_of[N_FMTS] = {8, 2, 3, 12, 14};
 
 static void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -36,9 +50,40 @@ static void *xmalloc(size_t bytes) {
     return p;
 }
 
-static size_t block_bytes(en_quant_fmt fmt) { return fmt == EN_QUANT_Q8 ? 34 : 18; }
+/* Copy of n rows of fmt whose every level is set to `level` (0 or 1),
+ * scales and offsets kept: dequantised, level 0 gives each element's
+ * offset, and level 1 minus level 0 its step. */
+static void set_levels(en_quant_fmt fmt, uint8_t *q, size_t bytes, int level) {
+    const size_t bb = en_quant_row_size(fmt, en_quant_block_elems(fmt));
+    for (size_t b = 0; b < bytes; b += bb) {
+        uint8_t *p = q + b;
+        switch (fmt) {
+        case EN_QUANT_Q8: memset(p + 2, level, 32); break;
+        case EN_QUANT_Q4: memset(p + 2, level ? 0x99 : 0x88, 16); break; /* q - 8 */
+        case EN_QUANT_Q4_1: memset(p + 4, level ? 0x11 : 0x00, 16); break;
+        case EN_QUANT_Q4_K: memset(p + 16, level ? 0x11 : 0x00, 128); break;
+        default: /* q6_k: q = 32 + level: low nibble level, high bits 2 */
+            memset(p, level ? 0x11 : 0x00, 128);
+            memset(p + 128, 0xAA, 64);
+            break;
+        }
+    }
+}
 
-static float block_scale(const uint8_t *b) { return en_f16_to_f32((uint16_t)(b[0] | (b[1] << 8))); }
+/* Offsets (level 0) and steps (level 1 - level 0) of N rows, as floats. */
+static void offsets_steps(en_quant_fmt fmt, const uint8_t *q, int N, int K, float *off,
+                          float *step) {
+    const size_t bytes = en_quant_row_size(fmt, K) * N;
+    uint8_t *c = xmalloc(bytes);
+    memcpy(c, q, bytes);
+    set_levels(fmt, c, bytes, 0);
+    CHECK(en_dequantize_rows(fmt, off, c, N, K) == EN_OK);
+    set_levels(fmt, c, bytes, 1);
+    CHECK(en_dequantize_rows(fmt, step, c, N, K) == EN_OK);
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        step[i] -= off[i];
+    free(c);
+}
 
 static void test_names(void) {
     CHECK(strcmp(en_quant_name(EN_QUANT_Q8), "q8") == 0);
@@ -54,6 +99,28 @@ static void test_names(void) {
     CHECK(en_quant_row_size(EN_QUANT_Q8, 48) == 0);
     CHECK(en_quant_row_size(EN_QUANT_Q4, 0) == 0);
     CHECK(en_quant_row_size(EN_QUANT_NONE, 32) == 0);
+    static const char *names[N_FMTS] = {"q8", "q4", "q4_1", "q4_k", "q6_k"};
+    static const int elems[N_FMTS] = {32, 32, 32, 256, 256};
+    static const size_t bytes256[N_FMTS] = {272, 144, 160, 144, 210};
+    for (int f = 0; f < N_FMTS; f++) {
+        CHECK(strcmp(en_quant_name(fmts[f]), names[f]) == 0);
+        CHECK(en_quant_parse(names[f]) == fmts[f]);
+        CHECK(en_quant_from_ggml(ggml_of[f]) == fmts[f]);
+        CHECK(en_quant_block_elems(fmts[f]) == elems[f]);
+        CHECK(en_quant_row_size(fmts[f], 256) == bytes256[f], "%s", names[f]);
+        CHECK(en_quant_row_size(fmts[f], 512) == 2 * bytes256[f]);
+        /* the same sizes as ggml's tables */
+        CHECK(en_quant_row_size(fmts[f], 256) ==
+              en_ggml_type_size(ggml_of[f]) * (256 / en_ggml_type_block(ggml_of[f])));
+        CHECK(en_quant_row_size(fmts[f], 128) == (elems[f] == 32 ? bytes256[f] / 2 : 0));
+    }
+    static const int not_ours[] = {0, 1, 6, 7, 9, 10, 11, 13, 15, 30, -1, 1000};
+    for (size_t i = 0; i < sizeof not_ours / sizeof *not_ours; i++)
+        CHECK(en_quant_from_ggml(not_ours[i]) == EN_QUANT_NONE);
+    CHECK(en_quant_block_elems(EN_QUANT_NONE) == 0);
+    CHECK(en_quant_block_elems((en_quant_fmt)99) == 0);
+    CHECK(strcmp(en_quant_name((en_quant_fmt)99), "?") == 0);
+    CHECK(en_quant_parse("q4_K") == EN_QUANT_NONE);
     float x[32] = {0}, y[1];
     uint8_t b[34];
     CHECK(en_quantize_rows(EN_QUANT_Q8, b, x, 1, 16) == EN_ERR_ARG);
@@ -61,38 +128,75 @@ static void test_names(void) {
     CHECK(en_dequantize_rows(EN_QUANT_Q4, x, b, -1, 32) == EN_ERR_ARG);
     CHECK(en_quant_matmul(EN_QUANT_Q8, y, x, b, 1, 1, 33, 1) == EN_ERR_ARG);
     CHECK(en_quant_matmul(EN_QUANT_Q8, y, x, b, 0, 1, 32, 1) == EN_OK);
+    CHECK(en_quantize_rows(EN_QUANT_Q4_K, b, x, 1, 32) == EN_ERR_ARG);
+    CHECK(en_quant_matmul(EN_QUANT_Q6_K, y, x, b, 1, 1, 32, 1) == EN_ERR_ARG);
 }
 
 /* Random rows (with an all-zero block and a block of tiny values) through
- * quantise + dequantise, each element checked against its block's scale. */
+ * quantise + dequantise, each element checked against its step; then the
+ * same bytes through common/gguf.c's dequantiser. */
 static void test_round_trip(en_quant_fmt fmt, en_test_rng *r) {
-    const int N = 9, K = 96;
+    const int N = 9, K = en_quant_block_elems(fmt) == 256 ? 512 : 96;
     float *x = xmalloc(sizeof(float) * N * K), *y = xmalloc(sizeof(float) * N * K);
     en_test_rng_fill(r, x, (size_t)N * K, -3.0f, 3.0f);
     for (int k = 0; k < 32; k++)
         x[K + k] = 0.0f; /* row 1, block 0 */
     for (int k = 0; k < 32; k++)
         x[2 * K + 32 + k] *= 1e-2f; /* row 2, block 1 */
+    for (int k = 0; k < K; k++)
+        x[3 * K + k] += 4.0f; /* row 3: all positive (q4_1's and q4_k's offsets) */
+    for (int k = 0; k < K / 2; k++)
+        x[4 * K + k] = -1e-3f * (float)(k % 7) - 2.0f; /* row 4: all negative */
     const size_t rs = en_quant_row_size(fmt, K);
     uint8_t *q = xmalloc(rs * N);
+    float *off = xmalloc(sizeof(float) * N * K), *step = xmalloc(sizeof(float) * N * K);
     CHECK(en_quantize_rows(fmt, q, x, N, K) == EN_OK);
     CHECK(en_dequantize_rows(fmt, y, q, N, K) == EN_OK);
+    offsets_steps(fmt, q, N, K, off, step);
+    /* the top level above the offset, in steps: a value past it + 1/2
+     * clamps (only where the grid is lopsided: q4's +7, q6_k's +31) */
+    const float top = fmt == EN_QUANT_Q4 ? 7.0f : fmt == EN_QUANT_Q6_K ? 31.0f : 1e30f;
     int bad = 0;
-    for (int n = 0; n < N; n++)
+    for (int n = 0; n < N; n++) {
+        float amax = 0.0f;
+        for (int k = 0; k < K; k++)
+            amax = fmaxf(amax, fabsf(x[n * K + k]));
         for (int k = 0; k < K; k++) {
-            const float ds = block_scale(q + n * rs + (k / 32) * block_bytes(fmt)), d = fabsf(ds);
-            const float v = x[n * K + k], err = fabsf(v - y[n * K + k]);
-            /* q4's top level is +7: a value past 7.5 steps clamps there */
-            const float step = fmt == EN_QUANT_Q4 && v / ds > 7.5f ? d : d * 0.5f;
-            if (!(err <= step * 1.0001f + 1e-30f)) {
+            const size_t i = (size_t)n * K + k;
+            const float d = fabsf(step[i]), v = x[i], err = fabsf(v - y[i]);
+            const float lv = step[i] != 0.0f ? (v - off[i]) / step[i] : 0.0f;
+            const float bound = lv > top + 0.5f ? d : d * 0.5f;
+            /* float rounding of the dequantised value and of the step read */
+            if (!(err <= bound * 1.0001f + 1e-6f * amax + 1e-30f)) {
                 if (bad++ < 5)
-                    fprintf(stderr, "  %s row %d k %d: x %g got %g d %g\n", en_quant_name(fmt), n,
-                            k, v, y[n * K + k], d);
+                    fprintf(stderr, "  %s row %d k %d: x %g got %g step %g\n", en_quant_name(fmt),
+                            n, k, v, y[i], d);
             }
         }
+    }
     CHECK(bad == 0, "%s round trip: %d elements off the bound", en_quant_name(fmt), bad);
     for (int k = 0; k < 32; k++)
         CHECK(y[K + k] == 0.0f);
+    /* common/gguf.c's reading of the same bytes */
+    float *g = xmalloc(sizeof(float) * N * K);
+    CHECK(en_ggml_to_f32((uint32_t)ggml_of[fmt - 1], q, g, (int64_t)N * K) == EN_OK);
+    CHECK(memcmp(g, y, sizeof(float) * N * K) == 0, "%s: dequantise != gguf.c's",
+          en_quant_name(fmt));
+    /* random bytes, scales included (finite float16s: exponent < 31) */
+    for (size_t b = 0; b < rs * N; b++)
+        q[b] = (uint8_t)en_test_rng_u64(r);
+    for (size_t b = 1; b < rs * N; b += 2)
+        if ((q[b] & 0x7C) == 0x7C)
+            q[b] &= 0xBF;
+    CHECK(en_dequantize_rows(fmt, y, q, N, K) == EN_OK);
+    CHECK(en_ggml_to_f32((uint32_t)ggml_of[fmt - 1], q, g, (int64_t)N * K) == EN_OK);
+    int same = 1;
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        same &= (isnan(y[i]) && isnan(g[i])) || memcmp(&y[i], &g[i], 4) == 0;
+    CHECK(same, "%s: dequantise != gguf.c's on random bytes", en_quant_name(fmt));
+    free(g);
+    free(off);
+    free(step);
     free(x);
     free(y);
     free(q);
@@ -160,8 +264,10 @@ static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng 
             w[n * rs + 2] = 0x80; /* level -128 */
     CHECK(en_quantize_rows(EN_QUANT_Q8, xq, x, M, K) == EN_OK);
     float *xd = xmalloc(sizeof(float) * M * K), *wd = xmalloc(sizeof(float) * N * K);
+    float *off = xmalloc(sizeof(float) * N * K), *step = xmalloc(sizeof(float) * N * K);
     CHECK(en_dequantize_rows(EN_QUANT_Q8, xd, xq, M, K) == EN_OK);
     CHECK(en_dequantize_rows(fmt, wd, w, N, K) == EN_OK);
+    offsets_steps(fmt, w, N, K, off, step);
 
     float *y[4];
     const int simd_of[4] = {1, 1, 0, 0}, threads_of[4] = {1, 2, 1, 2};
@@ -181,7 +287,8 @@ static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng 
             for (int k = 0; k < K; k++) {
                 const double t = (double)xd[m * K + k] * (double)wd[n * K + k];
                 ref += t;
-                mag += fabs(t);
+                mag += fabs((double)xd[m * K + k]) *
+                       (fabs((double)wd[n * K + k]) + 2.0 * fabs((double)off[n * K + k]));
             }
             const double got = y[0][m * N + n];
             if (!(fabs(got - ref) <= 1e-5 * mag + 1e-30) && bad++ < 3)
@@ -195,6 +302,18 @@ static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng 
     CHECK(memcmp(y[0], y[2], yb) == 0, "%s M%d N%d K%d: avx2 vs C", en_quant_name(fmt), M, N, K);
     CHECK(memcmp(y[2], y[3], yb) == 0, "%s M%d N%d K%d: C 1 vs 2 threads", en_quant_name(fmt), M, N,
           K);
+    /* each row alone (M = 1) as in the batch */
+    if (M > 1) {
+        float *y1 = xmalloc(sizeof(float) * N);
+        int same = 1;
+        for (int m = 0; m < M; m++) {
+            CHECK(en_quant_matmul(fmt, y1, x + (size_t)m * K, w, 1, N, K, 2) == EN_OK);
+            same &= memcmp(y1, y[0] + (size_t)m * N, sizeof(float) * N) == 0;
+        }
+        CHECK(same, "%s M%d N%d K%d: a row alone differs from the batch", en_quant_name(fmt), M, N,
+              K);
+        free(y1);
+    }
     for (int v = 0; v < 4; v++)
         free(y[v]);
     free(x);
@@ -203,26 +322,100 @@ static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng 
     free(xq);
     free(xd);
     free(wd);
+    free(off);
+    free(step);
+}
+
+/* The AVX2 path quantises x with its own code: its levels must be
+ * en_quantize_rows' bit for bit, ties (exact halves, rounded away from
+ * zero), zero blocks and clamping included. w is the identity (row n: level
+ * 127 at input n), so y[m, n] shows x's level at n. */
+static void test_x_levels(en_test_rng *r) {
+    const int M = 4, K = 128, N = K;
+    float *x = xmalloc(sizeof(float) * M * K), *wf = xmalloc(sizeof(float) * N * K);
+    memset(wf, 0, sizeof(float) * N * K);
+    for (int n = 0; n < N; n++)
+        wf[n * K + n] = 1.0f;
+    /* row 0: exact halves d * (k + 1/2) with d = 0.5 (amax = 127 d) */
+    for (int k = 0; k < K; k++)
+        x[k] = 0.5f * ((float)(k % 64 - 32) + 0.5f);
+    x[0] = x[32] = x[64] = x[96] = 63.5f;
+    x[1] = x[33] = x[65] = x[97] = -0.25f; /* level -0.5: away, to -1 */
+    /* row 1: random, a zero block, a block with one large element */
+    en_test_rng_fill(r, x + K, K, -2.0f, 2.0f);
+    for (int k = 32; k < 64; k++)
+        x[K + k] = 0.0f;
+    x[K + 70] = 3001.7f;
+    /* row 2: just below and above halves; row 3: small values whose d is a
+     * float16 subnormal, rounded down enough (5.28 -> 5 units) that the
+     * largest elements clamp at 127 */
+    for (int k = 0; k < K; k++) {
+        const float h = 0.5f * ((float)(k % 50 - 25) + 0.5f);
+        x[2 * K + k] = k & 1 ? nextafterf(h, 0.0f) : nextafterf(h, 1e9f);
+        x[3 * K + k] = 1e-5f * (float)(k % 9 - 4);
+    }
+    x[2 * K] = 63.5f;
+    const size_t rs = en_quant_row_size(EN_QUANT_Q8, K);
+    uint8_t *w = xmalloc(rs * N), *xq = xmalloc(rs * M);
+    CHECK(en_quantize_rows(EN_QUANT_Q8, w, wf, N, K) == EN_OK);
+    CHECK(en_quantize_rows(EN_QUANT_Q8, xq, x, M, K) == EN_OK);
+    float *y[2];
+    for (int v = 0; v < 2; v++) {
+        y[v] = xmalloc(sizeof(float) * M * N);
+        en_quant_set_simd(!v);
+        CHECK(en_quant_matmul(EN_QUANT_Q8, y[v], x, w, M, N, K, 1) == EN_OK);
+    }
+    en_quant_set_simd(1);
+    int bad = 0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const uint8_t *xb = xq + m * rs + (n / 32) * 34, *wb = w + n * rs + (n / 32) * 34;
+            const float dx = en_f16_to_f32((uint16_t)(xb[0] | (xb[1] << 8)));
+            const float dw = en_f16_to_f32((uint16_t)(wb[0] | (wb[1] << 8)));
+            const float want = (dw * dx) * (float)(127 * (int8_t)xb[2 + n % 32]);
+            /* the sum of 4 chains, three of them +0 */
+            if (memcmp(&y[0][m * N + n], &y[1][m * N + n], 4) != 0 ||
+                !(y[0][m * N + n] == want)) {
+                if (bad++ < 5)
+                    fprintf(stderr, "  x levels: row %d k %d: avx2 %g C %g want %g\n", m, n,
+                            y[0][m * N + n], y[1][m * N + n], want);
+            }
+        }
+    CHECK(bad == 0, "x quantisation: %d levels differ", bad);
+    free(y[0]);
+    free(y[1]);
+    free(x);
+    free(wf);
+    free(w);
+    free(xq);
 }
 
 static void test_matmul(en_test_rng *r) {
-    static const int Ms[] = {1, 3, 17}, Ns[] = {1, 5, 64, 300}, Ks[] = {32, 96, 224, 2048};
-    for (int f = 0; f < 2; f++)
-        for (int a = 0; a < 3; a++)
+    /* The AVX2 path runs 4 weight rows per x row for M = 1 (and up to 3
+     * for q8, q4, q4_1), else unpacks each weight group once per tile of
+     * up to 16 x rows: M 1, 3, 5 and 17 (two tiles) take both loops, and
+     * each batch row is checked against the same row alone. K 96 and 224
+     * leave tail blocks after the groups of 4. */
+    static const int Ms[] = {1, 3, 5, 17}, Ns[] = {1, 5, 64, 300};
+    static const int Ks32[] = {32, 96, 224, 2048}, Ks256[] = {256, 1280};
+    for (int f = 0; f < N_FMTS; f++) {
+        const int k256 = en_quant_block_elems(fmts[f]) == 256, nk = k256 ? 2 : 4;
+        for (int a = 0; a < 4; a++)
             for (int b = 0; b < 4; b++)
-                for (int c = 0; c < 4; c++)
-                    test_matmul_case(fmts[f], Ms[a], Ns[b], Ks[c], r);
+                for (int c = 0; c < nk; c++)
+                    test_matmul_case(fmts[f], Ms[a], Ns[b], k256 ? Ks256[c] : Ks32[c], r);
+    }
 }
 
 /* GB/s of weight bytes streamed at decode shape; printed, not asserted. */
 static void bench(en_test_rng *r) {
-    const int M = 1, N = 2048, K = 768, reps = 200;
+    const int M = 1, N = 2048, K = 768, reps = 10;
     const int nt = omp_get_max_threads();
     float *x = xmalloc(sizeof(float) * K), *wf = xmalloc(sizeof(float) * N * K);
     float *y = xmalloc(sizeof(float) * N);
     en_test_rng_fill(r, x, K, -1.0f, 1.0f);
     en_test_rng_fill(r, wf, (size_t)N * K, -1.0f, 1.0f);
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < N_FMTS; f++) {
         const size_t rs = en_quant_row_size(fmts[f], K);
         uint8_t *w = xmalloc(rs * N);
         en_quantize_rows(fmts[f], w, wf, N, K);
@@ -230,7 +423,7 @@ static void bench(en_test_rng *r) {
             if (simd && !en_quant_simd_available())
                 continue;
             en_quant_set_simd(simd);
-            for (int i = 0; i < 5; i++)
+            for (int i = 0; i < 2; i++)
                 en_quant_matmul(fmts[f], y, x, w, M, N, K, nt);
             const double t0 = omp_get_wtime();
             for (int i = 0; i < reps; i++)
@@ -252,10 +445,12 @@ int main(void) {
     en_test_rng r = {0x5eed0013u};
     printf("AVX2 kernels: %s\n", en_quant_simd_available() ? "yes" : "no (C path only)");
     test_names();
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < N_FMTS; f++) {
         test_round_trip(fmts[f], &r);
-        test_grid(fmts[f], &r);
+        if (fmts[f] == EN_QUANT_Q8 || fmts[f] == EN_QUANT_Q4)
+            test_grid(fmts[f], &r);
     }
+    test_x_levels(&r);
     test_matmul(&r);
     bench(&r);
     return en_test_finish("test_quant");
