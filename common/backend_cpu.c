@@ -180,43 +180,17 @@ void en_cpu_dot4(const float *x, const float *w0, const float *w1, const float *
     dot4_f32(x, w0, w1, w2, w3, K, out);
 }
 
-/* Few rows (decode): the product is bound by reading w once, and OpenBLAS's
- * sgemm reaches a fraction of the memory bandwidth there. Split the N
- * output columns (rows of w) across threads in blocks of four and stream
- * each w row once for all M inputs. Also the batch-invariant matmul for any
- * M: every y element is one dot4_f32 / dot_f32 call (bit-identical to each
- * other), whatever M and the thread count; four w rows stay in L1 while all
- * M x rows pass by. */
+/* Few rows (decode), and any M in batch-invariant mode: backend_cpu_inv.c,
+ * where every y element is dot_f32's arithmetic whatever M and the thread
+ * count. At M <= 4 the product is bound by reading w once, and OpenBLAS's
+ * sgemm reaches a fraction of the memory bandwidth there. */
 #define CPU_GEMV_MAX_M 4
-
-static void matmul_small_m(en_backend *be, float *y, const float *x, const float *w, int M,
-                           int N, int K) {
-    const int NB = (N + 3) / 4;
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) \
-    if ((size_t)N * (size_t)K >= CPU_PAR_MIN)
-    for (int nb = 0; nb < NB; nb++) {
-        int n = nb * 4;
-        if (n + 4 <= N) {
-            const float *wr = w + (size_t)n * K; /* (4, K) */
-            for (int m = 0; m < M; m++) {
-                float out[4];
-                dot4_f32(x + (size_t)m * K, wr, wr + K, wr + 2 * (size_t)K, wr + 3 * (size_t)K,
-                         K, out);
-                for (int i = 0; i < 4; i++) y[(size_t)m * N + n + i] = out[i];
-            }
-        } else {
-            for (; n < N; n++)
-                for (int m = 0; m < M; m++)
-                    y[(size_t)m * N + n] = dot_f32(x + (size_t)m * K, w + (size_t)n * K, K);
-        }
-    }
-}
 
 static void cpu_matmul(en_backend *be, float *y, const float *x, const float *w,
                        const float *bias, int M, int N, int K) {
     cpu_ctx *c = be->ctx;
     if (K > 0 && (M <= CPU_GEMV_MAX_M || be->batch_invariant)) {
-        matmul_small_m(be, y, x, w, M, N, K);
+        en_cpu_matmul_inv(be, y, x, w, M, N, K, c->w16_simd);
     } else if (K == 0) {
         /* x·w^T is all zeros; BLAS would reject lda = 0. */
         memset(y, 0, (size_t)M * (size_t)N * sizeof *y);
@@ -392,6 +366,10 @@ static void cpu_attention_rows(en_backend *be, float *out, const float *q, size_
                                const float *k, const float *v, size_t kv_stride,
                                const int32_t *rows, const int32_t *pos, int T, int S, int H,
                                int Hkv, int D, const en_attn_params *ap) {
+    /* eight keys' scores at once, the same bits (backend_cpu_attn.c) */
+    if (en_cpu_attention_rows_fast(be, out, q, q_stride, k, v, kv_stride, rows, pos, T, S, H, Hkv,
+                                   D, ap))
+        return;
     cpu_ctx *c = be->ctx;
     const int group = H / Hkv; /* query heads per kv head */
     const int window = ap->window;

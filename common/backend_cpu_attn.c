@@ -29,6 +29,11 @@
  * backward); when it cannot be had, or would be absurdly large, the
  * functions return 0 and backend_cpu.c's loops (no scratch of that size)
  * do the work instead.
+ *
+ * At the end, en_cpu_attention_rows_fast: the per-(query, head) forward of
+ * decode steps and the paged cache (en_op_attention_rows) with the scores
+ * of eight keys computed at once, bit for bit what backend_cpu.c's loop
+ * gives, for the server (issue 13).
  */
 #include <cblas.h>
 #include <math.h>
@@ -46,6 +51,9 @@
 /* Above this, T*S*H blocks would be larger than any sensible training
  * step; leave it to the scratch-free loops. */
 #define ATTN_MAX_SCRATCH ((size_t)1 << 31)
+/* en_cpu_attention_rows_fast's parallel threshold (queries x heads x keys
+ * x D): see there. */
+#define ATTN_PAR_MIN (4 * CPU_PAR_MIN)
 
 /* The keys query t attends: s0..s1 (inclusive). */
 static inline void attn_range(const int32_t *pos, int t, int window, int *s0, int *s1) {
@@ -331,4 +339,136 @@ int en_cpu_attention_bwd_gemm(en_backend *be, float *dq, float *dk, float *dv, c
                      kvh, D, ap, b0, b1);
     }
     return 1;
+}
+
+/* ---- decode and paged attention: scores eight keys at a time ----
+ *
+ * backend_cpu.c's attn_head sums each score q.k in index order, a chain of
+ * D dependent adds (D = 48: ~150 cycles of latency per key), which made
+ * the server's decode attention a sixth of its step (issue 13). The same
+ * chain for eight keys at once, one key per AVX lane: eight key rows are
+ * loaded eight floats at a time and transposed, so that each step of the
+ * chain is one vector multiply and one vector add, for eight keys. The
+ * arithmetic of each score (products rounded, then added in index order,
+ * from 0.0f; times scale; then the soft-cap) is attn_score's, and the
+ * softmax and the weighted sum of V are attn_head's loops, so the output
+ * is attn_head's bit for bit (tests/test_matmul_inv.c checks it). */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ATTN_AVX2 __attribute__((target("avx2,fma")))
+
+/* The 8 x 8 block r[j][d] (row j = key j) as c[d][j] (lane j = key j). */
+ATTN_AVX2 static inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        const int b = 4 * i;
+        u[b] = _mm256_shuffle_ps(t[b], t[b + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[b + 1] = _mm256_shuffle_ps(t[b], t[b + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[b + 2] = _mm256_shuffle_ps(t[b + 1], t[b + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[b + 3] = _mm256_shuffle_ps(t[b + 1], t[b + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* Unscaled scores q.k of the eight keys at kp[0..7] (D floats each) into
+ * sc[0..7], each summed in index order from 0.0f. */
+ATTN_AVX2 static void scores8(float *sc, const float *qh, const float *const kp[8], int D) {
+    __m256 acc = _mm256_setzero_ps();
+    int d0 = 0;
+    for (; d0 + 8 <= D; d0 += 8) {
+        __m256 r[8];
+        for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(kp[j] + d0);
+        transpose8(r);
+        for (int d = 0; d < 8; d++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(qh[d0 + d]), r[d]));
+    }
+    for (int d = d0; d < D; d++) {
+        const __m256 kd = _mm256_setr_ps(kp[0][d], kp[1][d], kp[2][d], kp[3][d], kp[4][d],
+                                         kp[5][d], kp[6][d], kp[7][d]);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(qh[d]), kd));
+    }
+    _mm256_storeu_ps(sc, acc);
+}
+
+/* One (query, head) as attn_head computes it, keys s0..s1 at rows rows[s]
+ * (or s); sc: s1 - s0 + 1 floats of scratch. */
+ATTN_AVX2 static void head_rows(float *o, const float *qh, const float *k, const float *v,
+                                size_t kv_stride, const int32_t *rows, int s0, int s1, int D,
+                                float scale, float cap, float *sc) {
+#define ROW(s) ((size_t)(rows ? rows[s] : (s)) * kv_stride)
+    int s = s0;
+    for (; s + 8 <= s1 + 1; s += 8) {
+        const float *kp[8];
+        for (int j = 0; j < 8; j++) kp[j] = k + ROW(s + j);
+        scores8(sc + (s - s0), qh, kp, D);
+    }
+    for (; s <= s1; s++) { /* attn_score's loop */
+        const float *kh = k + ROW(s);
+        float dot = 0.0f;
+        for (int d = 0; d < D; d++) dot += qh[d] * kh[d];
+        sc[s - s0] = dot;
+    }
+    float mx = -INFINITY;
+    for (int i = 0; i <= s1 - s0; i++) {
+        const float x = sc[i] * scale;
+        sc[i] = cap > 0.0f ? tanhf(x / cap) * cap : x;
+        if (sc[i] > mx) mx = sc[i];
+    }
+    for (int d = 0; d < D; d++) o[d] = 0.0f;
+    float sum = 0.0f;
+    for (s = s0; s <= s1; s++) {
+        const float p = expf(sc[s - s0] - mx);
+        const float *vh = v + ROW(s); /* (D) */
+        sum += p;
+        for (int d = 0; d < D; d++) o[d] += p * vh[d];
+    }
+    const float inv = 1.0f / sum;
+    for (int d = 0; d < D; d++) o[d] *= inv;
+#undef ROW
+}
+#endif
+
+int en_cpu_attention_rows_fast(en_backend *be, float *out, const float *q, size_t q_stride,
+                               const float *k, const float *v, size_t kv_stride,
+                               const int32_t *rows, const int32_t *pos, int T, int S, int H,
+                               int Hkv, int D, const en_attn_params *ap) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!en_cpu_w16_simd(be)) return 0;
+    float *scratch = en_cpu_scratch(be, (size_t)be->n_threads * (size_t)S * sizeof(float));
+    if (!scratch) return 0;
+    const int group = H / Hkv, window = ap->window;
+    const float scale = ap->scale, cap = ap->softcap;
+    const long long n_items = (long long)T * H;
+    /* As backend_cpu.c's loop: work grows with pos[t], hence dynamic; no
+     * result depends on the thread that takes an item. A decode step calls
+     * this once per sequence and layer, and an item here costs half the
+     * loop's: below ATTN_PAR_MIN the team is not woken (a decode of s15m,
+     * 6 heads of 48, stays on one thread below 228 keys). Each fork-join
+     * costs a microsecond or two on idle cores, but a time slice when a
+     * thread of the team has been preempted (issue 13: a loaded 2-core
+     * machine spent most of the server's step in libgomp). */
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 4) \
+    if ((size_t)n_items * (size_t)S * (size_t)D >= ATTN_PAR_MIN)
+    for (long long i = 0; i < n_items; i++) {
+        const int t = (int)(i / H), h = (int)(i % H), kvh = h / group;
+        const int s1 = pos[t];
+        const int s0 = (window > 0 && s1 - window + 1 > 0) ? s1 - window + 1 : 0;
+        head_rows(out + (size_t)i * D, q + (size_t)t * q_stride + (size_t)h * D,
+                  k + (size_t)kvh * D, v + (size_t)kvh * D, kv_stride, rows, s0, s1, D, scale,
+                  cap, scratch + (size_t)omp_get_thread_num() * (size_t)S);
+    }
+    return 1;
+#else
+    (void)be, (void)out, (void)q, (void)q_stride, (void)k, (void)v, (void)kv_stride;
+    (void)rows, (void)pos, (void)T, (void)S, (void)H, (void)Hkv, (void)D, (void)ap;
+    return 0;
+#endif
 }

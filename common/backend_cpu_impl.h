@@ -64,7 +64,8 @@ void *en_cpu_scratch(en_backend *be, size_t bytes);
  * backend_cpu.c does before each of its sgemm calls. */
 void en_cpu_blas_threads(en_backend *be);
 
-/* The 16-bit weight kernels' instruction set: 1 = AVX2 + FMA + F16C (when
+/* The 16-bit weight kernels' instruction set (and that of the
+ * batch-invariant matmul and the fast attention): 1 = AVX2 + FMA + F16C (when
  * the CPU and the OS have them: checked once when the backend is created),
  * 0 = portable C. Both give bit-identical results (backend_cpu_w16.c).
  * en_cpu_w16_set_simd(be, 0) forces the portable path and (be, 1) goes
@@ -151,6 +152,16 @@ int en_cpu_attention_bwd_gemm(en_backend *be, float *dq, float *dk, float *dv, c
                               const int32_t *pos, int T, int S, int H, int Hkv, int D,
                               const en_attn_params *ap);
 
+/* backend_cpu_attn.c: en_op_attention_rows (and the plain forward's
+ * few-query case) with the scores of eight keys computed at once, bit for
+ * bit what backend_cpu.c's per-(query, head) loop gives. Returns 0, having
+ * done nothing, without the AVX2 kernels or its scratch (n_threads * S
+ * floats); else 1. rows NULL: key s at row s. */
+int en_cpu_attention_rows_fast(en_backend *be, float *out, const float *q, size_t q_stride,
+                               const float *k, const float *v, size_t kv_stride,
+                               const int32_t *rows, const int32_t *pos, int T, int S, int H,
+                               int Hkv, int D, const en_attn_params *ap);
+
 /* backend_cpu_ce.c: cross-entropy and its gradient, vectorised. */
 void en_cpu_cross_entropy(en_backend *be, float *nll, const float *logits, const int32_t *target,
                           int T, int V);
@@ -164,6 +175,14 @@ void en_cpu_cross_entropy_fused(en_backend *be, float *nll, float *dlogits, cons
 float en_cpu_dot(const float *a, const float *b, int K);
 void en_cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2,
                  const float *w3, int K, float *out);
+
+/* backend_cpu_inv.c: y(M, N) = x(M, K) . w(N, K)^T with every element
+ * equal, bit for bit, to en_cpu_dot(x_m, w_n, K), whatever M, the thread
+ * count or the ISA: the batch-invariant matmul, and the few-row one.
+ * simd: 1 for the AVX2 + FMA kernels (only when the CPU has them, e.g.
+ * en_cpu_w16_simd(be)), 0 for the portable loop; same bits either way. */
+void en_cpu_matmul_inv(en_backend *be, float *y, const float *x, const float *w, int M, int N,
+                       int K, int simd);
 
 /* backend_cpu_narrow.c: matmul and matmul_bwd (dx, dw) when K or N is at
  * most 16 (a LoRA factor) and the other at least 64; 0 when the shape is

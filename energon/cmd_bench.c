@@ -35,10 +35,13 @@ static void usage(FILE *f) {
                "  --tokens N     tokens per measurement (default: prefill 128, decode 64)\n"
                "  --prompt N     decode: prompt length before timing (default 16)\n"
                "  --seqs N       decode: N sequences at once through the server's batched\n"
-               "                 step over a paged KV cache (default 1: one context)\n"
+               "                 step over a paged KV cache (default 1: one context),\n"
+               "                 batch-invariant as the server runs it (--no-invariant: the\n"
+               "                 BLAS path a batch takes otherwise)\n"
                "  --repeats R    measurements; the median is reported (default 5)\n"
                "  --threads N    CPU threads\n"
-               "  --dtype D      auto | f32 | bf16 | f16: weight matrices in memory\n"
+               "  --weights W    auto | f32 | bf16 | f16 | q8 | q4: weight matrices in\n"
+               "                 memory (--dtype: the older name)\n"
                "  --json         one JSON object per line\n");
 }
 
@@ -163,9 +166,11 @@ done:
  * every weight is read once per step for all N, so tokens/s should grow
  * with N until the step stops being bound by reading the weights. Each
  * sequence gets its own random prompt of P tokens, prefilled in one step;
- * then T steps of one token each are timed (median of repeats). */
+ * then T steps of one token each are timed (median of repeats). The
+ * backend runs batch-invariant, as the server's does (so that this is the
+ * step `energon serve` runs), unless --no-invariant. */
 static int bench_decode_batched(const char *cmd, en_cli_model *cm, int seqs, int prompt,
-                                int tokens, int repeats, int json_out) {
+                                int tokens, int repeats, int invariant, int json_out) {
     const en_model_hparams *hp = en_model_get_hparams(cm->model);
     const int V = hp->n_vocab, bs = 16, ctx = prompt + tokens;
     const int per_seq = (ctx + bs - 1) / bs;
@@ -197,6 +202,7 @@ static int bench_decode_batched(const char *cmd, en_cli_model *cm, int seqs, int
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((x >> 33) % (uint64_t)V);
     }
+    en_backend_set_batch_invariant(cm->be, invariant);
     for (int r = -1; r < repeats; r++) { /* one warm-up run */
         for (int s = 0; s < seqs; s++)
             sq[s] = (en_batch_seq){ids + (size_t)s * ctx, prompt, 0, blocks + (size_t)s * per_seq,
@@ -218,14 +224,17 @@ static int bench_decode_batched(const char *cmd, en_cli_model *cm, int seqs, int
     if (json_out)
         printf("{\"bench\":\"decode\",\"seqs\":%d,\"tokens\":%d,\"repeats\":%d,"
                "\"tok_per_s\":%.3f,\"steps_per_s\":%.3f,\"weight_gb_per_s\":%.3f,"
-               "\"param_bytes\":%.0f,\"backend\":\"%s\"}\n",
+               "\"param_bytes\":%.0f,\"backend\":\"%s\",\"invariant\":%d,"
+               "\"weights\":\"%s\"}\n",
                seqs, tokens, repeats, steps * seqs, steps, bytes * steps / 1e9, bytes,
-               en_backend_name(cm->be));
+               en_backend_name(cm->be), invariant, en_model_weights_name(cm->model));
     else
-        printf("bench decode: %d sequences x %d tokens (batched, paged KV cache), median of %d, "
-               "%s backend\n  tokens/s: %.2f (%.2f per sequence)\n  weights read: %.2f GB/s\n",
-               seqs, tokens, repeats, en_backend_name(cm->be), steps * seqs, steps,
-               bytes * steps / 1e9);
+        printf("bench decode: %d sequences x %d tokens (batched, paged KV cache, %s), median of "
+               "%d, %s backend, %s weights\n  tokens/s: %.2f (%.2f per sequence)\n  weights "
+               "read: %.2f GB/s\n",
+               seqs, tokens, invariant ? "batch-invariant as the server" : "not batch-invariant",
+               repeats, en_backend_name(cm->be), en_model_weights_name(cm->model), steps * seqs,
+               steps, bytes * steps / 1e9);
     rc = EN_EXIT_OK;
     goto done;
 fail:
@@ -267,6 +276,7 @@ int en_cmd_bench(int argc, char **argv) {
     }
     en_cli_load_opts lo = {0};
     int tokens = is_decode ? 64 : 128, prompt = 16, repeats = 5, json_out = 0, bad = 0;
+    int invariant = 1; /* --seqs: batch-invariant as the server, unless --no-invariant */
     int batch = 4, seq_len = 256, lora_rank = 0, recompute = EN_RECOMPUTE_SELECTIVE, seqs = 1;
     for (int i = 2; i < argc && !bad; i++) {
         const char *v;
@@ -292,6 +302,8 @@ int en_cmd_bench(int argc, char **argv) {
             }
         } else if (en_cli_flag(argc, argv, &i, "--lora-rank", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--lora-rank", v, 1, 4096, &lora_rank)) bad = 1;
+        } else if (en_cli_switch(argv, i, "--no-invariant")) {
+            invariant = 0;
         } else if (en_cli_switch(argv, i, "--json")) {
             json_out = 1;
         } else {
@@ -310,7 +322,7 @@ int en_cmd_bench(int argc, char **argv) {
         return rc;
     }
     if (is_decode && seqs > 1) {
-        rc = bench_decode_batched(CMD, &cm, seqs, prompt, tokens, repeats, json_out);
+        rc = bench_decode_batched(CMD, &cm, seqs, prompt, tokens, repeats, invariant, json_out);
         en_cli_unload(&cm);
         return rc;
     }

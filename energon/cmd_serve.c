@@ -9,11 +9,15 @@
  * sigwait in this one, so no work happens in a signal handler. On a signal:
  * stop accepting, let running requests finish within --grace seconds,
  * cancel the rest, exit 0.
+ *
+ * Before any of that, unless the user chose an OpenMP wait policy, serve
+ * runs itself again with OMP_WAIT_POLICY=passive (exec_passive_omp).
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/file.h"
 #include "../serve/engine.h"
@@ -59,7 +63,37 @@ static void usage(FILE *f) {
             "  --dtype D             auto | f32 | bf16 | f16: width of the weight matrices\n"
             "                        in memory (default auto: as the checkpoint stores them)\n"
             "  --precision P           fp32 | tf32 | bf16: matmul arithmetic (default bf16 on\n"
-            "                          cuda; the CPU has fp32 only)\n");
+            "                          cuda; the CPU has fp32 only)\n"
+            "\n"
+            "OpenMP threads sleep while they wait (OMP_WAIT_POLICY=passive) unless\n"
+            "OMP_WAIT_POLICY or GOMP_SPINCOUNT is set: see docs/serving.md.\n");
+}
+
+/* OpenMP's default wait policy spins: a thread waiting for the next
+ * parallel region or at a barrier keeps its core. A decode step opens a few
+ * hundred small regions, and on a machine whose cores are shared (more
+ * runnable threads than cores) the spinning thread takes the core that the
+ * thread it waits for needs, so a fork-join can cost a time slice: on a
+ * loaded 2-core machine the server spent most of its time in libgomp's spin
+ * loop and served 14 tok/s at concurrency 1 and ~100 at 32, against 95 and
+ * ~440 with OMP_WAIT_POLICY=passive (issue 13). libgomp reads the policy
+ * when it is loaded, before main, so the only way to choose it here is to
+ * run again with it set (execv keeps the pid, the descriptors and the
+ * signal mask). Nothing happens when the user set either variable, and if
+ * the exec fails the server goes on with the default. */
+static void exec_passive_omp(int argc, char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    char **av = en_calloc((size_t)argc + 2, sizeof *av);
+    if (!av || setenv("OMP_WAIT_POLICY", "passive", 1) != 0) {
+        en_free(av);
+        return;
+    }
+    av[0] = "energon"; /* argv is main's from "serve" on */
+    for (int i = 0; i < argc; i++) av[i + 1] = argv[i];
+    fflush(NULL);
+    execv("/proc/self/exe", av);
+    unsetenv("OMP_WAIT_POLICY"); /* still here: the exec failed */
+    en_free(av);
 }
 
 /* The key from --api-key-file: the first line, without surrounding space. */
@@ -158,6 +192,7 @@ int en_cmd_serve(int argc, char **argv) {
         en_cli_error(CMD, "--api-key: the key is empty");
         return EN_EXIT_USAGE;
     }
+    exec_passive_omp(argc, argv);
     char name_buf[256];
     en_cli_dir_basename(lo.dir, name_buf, sizeof name_buf);
     char *key_buf = NULL;

@@ -239,6 +239,20 @@ en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq
     return EN_OK;
 }
 
+/* The first sequence's logits row when every sequence that wants logits
+ * has the row after the previous one's (seqs in order), else NULL. */
+static float *first_logits(const en_batch_seq *seqs, int n_seqs, int V) {
+    float *first = NULL;
+    size_t nr = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (!seqs[s].logits) continue;
+        if (!first) first = seqs[s].logits;
+        if (seqs[s].logits != first + nr * (size_t)V) return NULL;
+        nr++;
+    }
+    return first;
+}
+
 /* The step itself (checked by check_step). */
 static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, int n_seqs) {
     en_model *m = b->m;
@@ -286,7 +300,12 @@ static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, 
                             b->x + (size_t)(b->tok_off[s + 1] - 1) * C, (size_t)C * sizeof(float));
     if (!nr) return;
     en_out_norm_fwd(m, b->xsel, b->xsel, nr);
-    en_logits_fwd(m, b->lg, b->xsel, nr, V);
+    /* When the caller's rows are consecutive host rows (the engine's are),
+     * the product goes straight there: no (nr, V) copy on the step's
+     * serial path. */
+    float *direct = en_backend_host_memory(be) ? first_logits(seqs, n_seqs, V) : NULL;
+    en_logits_fwd(m, direct ? direct : b->lg, b->xsel, nr, V);
+    if (direct) return;
     nr = 0;
     for (int s = 0; s < n_seqs; s++) /* to the caller's host rows */
         if (seqs[s].logits)

@@ -86,6 +86,29 @@ static int cmp_desc(const void *a, const void *b, void *arg) {
     return x < y ? -1 : x > y;
 }
 
+/* The first index of the largest logit, NaNs never chosen, 0 when x[0]
+ * is NaN: what "best = i whenever x[i] > x[best]" gives, in two passes
+ * that vectorise (the server samples a 32000-logit row per sequence per
+ * step; the one-pass loop compares with x[best], a load that depends on
+ * the previous iteration, and stays scalar). The max over eight lanes of
+ * `x > m ? x : m` skips NaNs as the comparison does; the second pass
+ * finds its first occurrence (+0 and -0 compare equal there, as they do
+ * in the loop). */
+static int32_t argmax(const float *x, int V) {
+    if (isnan(x[0])) return 0;
+    float m8[8];
+    for (int j = 0; j < 8; j++) m8[j] = x[0];
+    int i = 0;
+    for (; i + 8 <= V; i += 8)
+        for (int j = 0; j < 8; j++) m8[j] = x[i + j] > m8[j] ? x[i + j] : m8[j];
+    float mx = m8[0];
+    for (int j = 1; j < 8; j++) mx = m8[j] > mx ? m8[j] : mx;
+    for (; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    for (i = 0; i < V; i++)
+        if (x[i] == mx) break;
+    return i;
+}
+
 int32_t en_sampler_sample(en_sampler *s, float *logits) {
     const int V = s->n_vocab;
     const en_sampler_config *c = &s->cfg;
@@ -94,12 +117,7 @@ int32_t en_sampler_sample(en_sampler *s, float *logits) {
             if (s->counts[i])
                 logits[i] -= c->frequency_penalty * (float)s->counts[i] + c->presence_penalty;
     }
-    if (c->temperature == 0) {
-        int32_t best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
+    if (c->temperature == 0) return argmax(logits, V);
     /* softmax at temperature, in double for the normaliser */
     float mx = logits[0];
     for (int i = 1; i < V; i++)

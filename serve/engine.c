@@ -556,17 +556,19 @@ static void step(en_engine *e) {
         }
     }
     ensure_blocks(e);
-    int ns = 0;
+    int ns = 0, nl = 0;
     for (int i = 0; i < e->n_running; i++) {
         en_request *r = e->running[i];
         if (r->n_step == 0) continue;
         en_batch_seq *s = &e->seqs[ns];
         *s = (en_batch_seq){r->toks + r->n_fed, r->n_step, r->n_fed, r->blocks, r->n_blocks, NULL};
-        if (r->n_fed + r->n_step == r->n_tok) s->logits = e->logits + (size_t)ns * e->n_vocab;
+        /* consecutive rows: the batch then writes them in place */
+        if (r->n_fed + r->n_step == r->n_tok) s->logits = e->logits + (size_t)nl++ * e->n_vocab;
         e->seq_req[ns++] = r;
     }
     if (!ns) return;
     en_err err = {0};
+    const double t0 = now_s();
     if (en_model_forward_batch(e->batch, e->kv, e->seqs, ns, &err) != EN_OK) {
         /* Every input was checked at submit: this is a bug, not user input.
          * End the step's requests rather than the server. */
@@ -574,15 +576,22 @@ static void step(en_engine *e) {
         for (int i = 0; i < ns; i++) finish(e, e->seq_req[i], "cancelled", 0);
         return; /* sweep takes them off the list */
     }
-    pthread_mutex_lock(&e->mu);
-    e->st.steps++;
-    pthread_mutex_unlock(&e->mu);
+    const double t1 = now_s();
+    int fed = 0;
     for (int i = 0; i < ns; i++) {
         en_request *r = e->seq_req[i];
         r->n_fed += e->seqs[i].n;
+        fed += e->seqs[i].n;
         r->n_step = 0;
         if (e->seqs[i].logits) on_token(e, r, e->seqs[i].logits);
     }
+    const double t2 = now_s();
+    pthread_mutex_lock(&e->mu);
+    e->st.steps++;
+    e->st.step_tokens += (uint64_t)fed;
+    e->st.forward_s += t1 - t0;
+    e->st.sample_s += t2 - t1;
+    pthread_mutex_unlock(&e->mu);
 }
 
 static void *scheduler_main(void *arg) {

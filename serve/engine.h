@@ -136,6 +136,9 @@ typedef struct en_engine_stats {
     int running, waiting;
     int kv_blocks_used, kv_blocks_total, block_size;
     uint64_t steps;            /* forward steps run */
+    uint64_t step_tokens;      /* tokens fed to them (prompt chunks and decode tokens) */
+    double forward_s;          /* seconds in the forward steps */
+    double sample_s;           /* seconds after them: sampling, events, stop strings */
     uint64_t prompt_tokens;    /* prompt tokens of admitted requests (recomputation after a
                                   preemption not counted again) */
     uint64_t generated_tokens; /* tokens sampled */

@@ -18,6 +18,11 @@ static void counter(char **b, size_t *n, size_t *c, const char *name, const char
                (unsigned long long)v);
 }
 
+static void counter_f(char **b, size_t *n, size_t *c, const char *name, const char *help,
+                      double v) {
+    buf_printf(b, n, c, "# HELP %s %s\n# TYPE %s counter\n%s %.9g\n", name, help, name, name, v);
+}
+
 /* The engine's buckets are cumulative already (count[i]: observations
  * <= bounds[i]; count[N]: all of them, the +Inf bucket). */
 static void histogram(char **b, size_t *n, size_t *c, const char *name, const char *help,
@@ -60,6 +65,16 @@ enum MHD_Result metrics_send(http_req *r) {
               st.kv_blocks_total);
         gauge(&b, &n, &c, "energon_kv_cache_block_size", "Tokens per KV-cache block.",
               st.block_size);
+        counter(&b, &n, &c, "energon_engine_steps_total", "Batched forward steps run.",
+                st.steps);
+        counter(&b, &n, &c, "energon_engine_step_tokens_total",
+                "Tokens fed to the forward steps (prompt chunks and decode tokens).",
+                st.step_tokens);
+        counter_f(&b, &n, &c, "energon_engine_forward_seconds_total",
+                  "Seconds in the forward steps.", st.forward_s);
+        counter_f(&b, &n, &c, "energon_engine_sample_seconds_total",
+                  "Seconds after the forward steps: sampling, events, stop strings.",
+                  st.sample_s);
         counter(&b, &n, &c, "energon_preemptions_total",
                 "Running requests whose KV blocks were taken back (recomputed later).",
                 st.preemptions);
