@@ -219,7 +219,8 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
     const char *wflag = argv[*i] && strncmp(argv[*i], "--dtype", 7) == 0 ? "--dtype" : "--weights";
     if (en_cli_flag(argc, argv, i, wflag, &v, bad)) {
         if (!*bad && en_weights_parse(v) < 0) {
-            en_cli_error(cmd, "%s: '%s' is not one of auto, f32, bf16, f16, q8, q4", wflag, v);
+            en_cli_error(cmd, "%s: '%s' is not one of auto, f32, bf16, f16, q8, q4, q4_1", wflag,
+                         v);
             *bad = 1;
         }
         o->dtype = v;
@@ -227,8 +228,9 @@ int en_cli_load_flag(const char *cmd, int argc, char **argv, int *i, en_cli_load
     }
     if (en_cli_flag(argc, argv, i, "--output-weights", &v, bad)) {
         int w = *bad ? -1 : en_weights_parse(v);
-        if (!*bad && w != EN_WEIGHTS_F32 && w != EN_WEIGHTS_Q8 && w != EN_WEIGHTS_Q4) {
-            en_cli_error(cmd, "--output-weights: '%s' is not one of f32, q8, q4", v);
+        if (!*bad && w != EN_WEIGHTS_F32 && w != EN_WEIGHTS_Q8 && w != EN_WEIGHTS_Q4 &&
+            w != EN_WEIGHTS_Q4_1) {
+            en_cli_error(cmd, "--output-weights: '%s' is not one of f32, q8, q4, q4_1", v);
             *bad = 1;
         }
         o->output_weights = v;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../common/file.h"
+#include "../common/quant.h"
 #include "../models/convert.h"
 #include "cli.h"
 
@@ -17,12 +18,13 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: energon quantize --model DIR|FILE.gguf --out DIR --weights q8|q4\n"
+            "usage: energon quantize --model DIR|FILE.gguf --out DIR --weights q8|q4|q4_1\n"
             "                        [--output-weights f32|q8|q4] [--threads N]\n"
             "\n"
             "Write DIR with every matrix but the embeddings block-quantised: q8 (8-bit\n"
             "integers, one float16 scale per 32 inputs: 8.5 bits per weight) or q4 (4-bit,\n"
-            "4.5 bits per weight); the output projection at --output-weights (default q8).\n"
+            "4.5 bits per weight) or q4_1 (4-bit with a per-block minimum, 5 bits per\n"
+            "weight); the output projection at --output-weights (default q8).\n"
             "energon loads DIR quantised as it is (--weights auto); see\n"
             "docs/quantization.md for the layout.\n");
 }
@@ -50,8 +52,8 @@ int en_cmd_quantize(int argc, char **argv) {
         return EN_EXIT_USAGE;
     }
     const int w = lo.dtype ? en_weights_parse(lo.dtype) : -1;
-    if (w != EN_WEIGHTS_Q8 && w != EN_WEIGHTS_Q4) {
-        en_cli_error(CMD, "--weights q8 or q4 is required");
+    if (w != EN_WEIGHTS_Q8 && w != EN_WEIGHTS_Q4 && w != EN_WEIGHTS_Q4_1) {
+        en_cli_error(CMD, "--weights q8, q4 or q4_1 is required");
         return EN_EXIT_USAGE;
     }
     if (lo.adapter) {
@@ -64,7 +66,10 @@ int en_cmd_quantize(int argc, char **argv) {
     en_err err = {0};
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
     const int out_w = lo.output_weights ? en_weights_parse(lo.output_weights) : EN_WEIGHTS_Q8;
-    const int out_fmt = out_w == EN_WEIGHTS_Q8 ? 1 : out_w == EN_WEIGHTS_Q4 ? 2 : 0;
+    const int out_fmt = out_w == EN_WEIGHTS_Q8     ? EN_QUANT_Q8
+                        : out_w == EN_WEIGHTS_Q4   ? EN_QUANT_Q4
+                        : out_w == EN_WEIGHTS_Q4_1 ? EN_QUANT_Q4_1
+                                                   : 0;
     int n_tok = 0;
     /* a GGUF file carries its tokenizer in its metadata: convert it for that */
     const int from_dir = en_path_is_dir(lo.dir);

@@ -421,12 +421,13 @@ static void place_tensors(en_model *m) {
 static en_status choose_qfmts(en_model *m, const shard_set *ss, const en_model_params *params,
                               const char *where, en_err *err) {
     const int want = params->weights, can = en_backend_supports_quant(m->be);
-    const int asked = want == EN_WEIGHTS_Q8 || want == EN_WEIGHTS_Q4;
+    const int asked = want == EN_WEIGHTS_Q8 || want == EN_WEIGHTS_Q4 || want == EN_WEIGHTS_Q4_1;
     if (asked && !can)
         return EN_ERR(err, EN_ERR_UNSUPPORTED,
                       "%s: --weights %s: block-quantised weights run on the CPU backend only "
                       "(use --weights bf16 or f32 on %s)",
-                      where, want == EN_WEIGHTS_Q8 ? "q8" : "q4", en_backend_name(m->be));
+                      where, want == EN_WEIGHTS_Q8 ? "q8" : want == EN_WEIGHTS_Q4 ? "q4" : "q4_1",
+                      en_backend_name(m->be));
     int any = 0;
     for (int i = 0; i < m->n_specs; i++) {
         en_param_spec *sp = &m->specs[i];
@@ -668,8 +669,8 @@ float *en_model_param(en_model *m, const char *name, size_t *n_elem) {
 }
 
 int en_weights_parse(const char *s) {
-    static const char *const names[] = {"f32", "bf16", "f16", "auto", "q8", "q4"};
-    for (int i = 0; i < 6; i++)
+    static const char *const names[] = {"f32", "bf16", "f16", "auto", "q8", "q4", "q4_1"};
+    for (int i = 0; i < 7; i++)
         if (strcmp(s, names[i]) == 0) return i;
     return -1;
 }

@@ -152,9 +152,10 @@ enum {
     EN_WEIGHTS_F16 = 2,
     EN_WEIGHTS_AUTO = 3,
     EN_WEIGHTS_Q8 = 4,
-    EN_WEIGHTS_Q4 = 5
+    EN_WEIGHTS_Q4 = 5,
+    EN_WEIGHTS_Q4_1 = 6 /* 4-bit with a per-block minimum (GGUF Q4_1's layout, 5 bits) */
 };
-/* "f32", "bf16", "f16", "auto", "q8", "q4" -> EN_WEIGHTS_*, or -1. */
+/* "f32", "bf16", "f16", "auto", "q8", "q4", "q4_1" -> EN_WEIGHTS_*, or -1. */
 int en_weights_parse(const char *s);
 /* What the model holds its matrices at: "f32", "bf16", "f16", "q8", "q4",
  * or "mixed" (a GGUF file's several quantised types). */

@@ -40,7 +40,10 @@ int en_model_qfmt(const en_model *m, const void *w) {
 }
 
 static int weights_fmt(int weights) {
-    return weights == EN_WEIGHTS_Q8 ? EN_QUANT_Q8 : weights == EN_WEIGHTS_Q4 ? EN_QUANT_Q4 : 0;
+    return weights == EN_WEIGHTS_Q8     ? EN_QUANT_Q8
+           : weights == EN_WEIGHTS_Q4   ? EN_QUANT_Q4
+           : weights == EN_WEIGHTS_Q4_1 ? EN_QUANT_Q4_1
+                                        : 0;
 }
 
 int en_model_out_qfmt(int weights, int output) {

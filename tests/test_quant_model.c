@@ -165,8 +165,8 @@ static void check_variant(const char *root, int tied, int qwen, const int32_t *i
     if (!f || !ref || !got || !dq) return;
     logits_of(f, ids, 1, ref);
     const size_t f32_bytes = en_model_read_bytes(f);
-    for (int w = EN_WEIGHTS_Q8; w <= EN_WEIGHTS_Q4; w++) {
-        const char *wn = w == EN_WEIGHTS_Q8 ? "q8" : "q4";
+    for (int w = EN_WEIGHTS_Q8; w <= EN_WEIGHTS_Q4_1; w++) {
+        const char *wn = w == EN_WEIGHTS_Q8 ? "q8" : w == EN_WEIGHTS_Q4 ? "q4" : "q4_1";
         /* a tied output matrix's quantised copy is not in the float32
          * export (which writes the embedding once): keep it float32 for
          * (b) and (c), check the copy in (a) and (d) */
