@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "../common/file.h"
-#include "../common/quant.h"
 #include "../models/convert.h"
 #include "cli.h"
 
@@ -65,15 +64,10 @@ int en_cmd_quantize(int argc, char **argv) {
     if (rc) return rc;
     en_err err = {0};
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
-    const int out_w = lo.output_weights ? en_weights_parse(lo.output_weights) : EN_WEIGHTS_Q8;
-    const int out_fmt = out_w == EN_WEIGHTS_Q8     ? EN_QUANT_Q8
-                        : out_w == EN_WEIGHTS_Q4   ? EN_QUANT_Q4
-                        : out_w == EN_WEIGHTS_Q4_1 ? EN_QUANT_Q4_1
-                                                   : 0;
     int n_tok = 0;
     /* a GGUF file carries its tokenizer in its metadata: convert it for that */
     const int from_dir = en_path_is_dir(lo.dir);
-    if (en_model_save_quantized(cm.model, out, out_fmt, &err) ||
+    if (en_model_save_quantized(cm.model, out, &err) ||
         (from_dir && en_hf_copy_tokenizer(lo.dir, out, hp->bos_id, hp->eos_id, &n_tok, &err))) {
         en_cli_error(CMD, "%s", err.msg[0] ? err.msg : "out of memory");
         rc = EN_EXIT_ERROR;

@@ -290,6 +290,13 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
     return EN_OK;
 }
 
+/* Upload the host blocks hq of spec sp (its rows) and point its slot there. */
+static void put_q(en_model *m, en_param_spec *sp, const uint8_t *hq) {
+    const size_t rs = en_quant_row_size((en_quant_fmt)sp->qfmt, (int)sp->shape[1]);
+    en_backend_upload(m->be, m->paramsq + sp->offset, hq, (size_t)sp->shape[0] * rs);
+    if (sp->slot) *sp->slot = (float *)(void *)(m->paramsq + sp->offset);
+}
+
 /* A tensor the checkpoint stores in the format the model holds it at: its
  * rows' bytes as they are (GGUF's q / k rows put back in Hugging Face's
  * order; a fused tensor's block from its first row), uploaded. hq: room
@@ -310,8 +317,7 @@ static en_status load_raw_q(en_model *m, en_param_spec *sp, const src_tensor *t,
         }
         memcpy(hq + (size_t)r * rs, src + (size_t)(row0 + sr) * rs, rs);
     }
-    en_backend_upload(m->be, m->paramsq + sp->offset, hq, (size_t)rows * rs);
-    if (sp->slot) *sp->slot = (float *)(void *)(m->paramsq + sp->offset);
+    put_q(m, sp, hq);
     return EN_OK;
 }
 
@@ -344,9 +350,7 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
         const int rows = (int)sp->shape[0], K = (int)sp->shape[1];
         if (en_quantize_rows((en_quant_fmt)sp->qfmt, hq, dst, rows, K) != EN_OK)
             return EN_ERR(err, EN_ERR_ARG, "%s: cannot quantise", sp->name);
-        const size_t bytes = (size_t)rows * en_quant_row_size((en_quant_fmt)sp->qfmt, K);
-        en_backend_upload(m->be, m->paramsq + sp->offset, hq, bytes);
-        if (sp->slot) *sp->slot = (float *)(void *)(m->paramsq + sp->offset);
+        put_q(m, sp, hq);
         return EN_OK;
     }
     if (sp->w16) { /* narrowed on the host, uploaded at 16 bits (staging's first part is free) */

@@ -242,10 +242,11 @@ en_status en_model_load_weights(en_model *m, const char *path, en_err *err);
 en_status en_model_write_config(const en_model *m, const char *dir, en_err *err);
 /* Write a quantised model directory (`energon quantize`): dir/model.safetensors
  * with each block-quantised matrix as a U8 (rows, row bytes) tensor in the
- * model's (out, in) orientation, the rest float32, and dir/config.json with
- * a quantization_config naming each tensor's format (docs/quantization.md).
- * out_fmt: the output projection's format, recorded for a tied one. */
-en_status en_model_save_quantized(const en_model *m, const char *dir, int out_fmt, en_err *err);
+ * model's (out, in) orientation, the rest float32 (GPT-2's Conv1D matrices
+ * too, as the values of their blocks), and dir/config.json with a
+ * quantization_config naming each tensor's format and the output
+ * projection's (recorded for a tied one) (docs/quantization.md). */
+en_status en_model_save_quantized(const en_model *m, const char *dir, en_err *err);
 
 /* ---- inference context: KV cache plus activation scratch ----
  * One context holds one sequence. Not thread-safe; one per thread. */

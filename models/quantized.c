@@ -149,6 +149,14 @@ const char *en_model_quant_name(const en_model *m) {
 
 /* ---- writing a quantised directory (`energon quantize`) ---- */
 
+/* Whether spec sp is written as quantised blocks. A Conv1D matrix (GPT-2,
+ * stored (in, out) in its checkpoints) is written float32 instead: its
+ * blocks run along the model's (out, in) rows, which the loader's
+ * transposing path for that checkpoint layout does not expect. */
+static int file_quantised(const en_param_spec *sp) {
+    return sp->qfmt && !(sp->flags & EN_PARAM_TRANSPOSED);
+}
+
 /* The bytes of one quantised file tensor: the blocks of a fused tensor
  * (consecutive specs naming the same src) concatenated in order, or spec
  * i's own. *rows: its rows; *next: the spec after it. en_malloc'd. */
@@ -175,7 +183,8 @@ static uint8_t *file_bytes(const en_model *m, const uint8_t *hq, int i, int64_t 
 }
 
 /* config.json with quantization_config added (en_malloc'd text). */
-static char *quant_config_text(const en_model *m, const char *fmt_name, int out_fmt) {
+static char *quant_config_text(const en_model *m, const char *fmt_name) {
+    const int out_fmt = en_model_qfmt(m, m->w.lm_head);
     json_error_t jerr;
     json_t *root = json_loadb(m->config_text, m->config_len, 0, &jerr);
     if (!root) return NULL;
@@ -188,7 +197,7 @@ static char *quant_config_text(const en_model *m, const char *fmt_name, int out_
     json_object_set_new(qc, "layout", json_string("docs/quantization.md"));
     for (int i = 0; i < m->n_specs; i++) {
         const en_param_spec *sp = &m->specs[i];
-        if (sp->qfmt)
+        if (file_quantised(sp))
             json_object_set_new(tf, sp->src[0] ? sp->src : sp->name,
                                 json_string(en_quant_name((en_quant_fmt)sp->qfmt)));
     }
@@ -203,13 +212,13 @@ static char *quant_config_text(const en_model *m, const char *fmt_name, int out_
     return out;
 }
 
-en_status en_model_save_quantized(const en_model *m, const char *dir, int out_fmt, en_err *err) {
+en_status en_model_save_quantized(const en_model *m, const char *dir, en_err *err) {
     /* float32 tensors: a host copy laid out without the quantised ones */
     en_param_spec *fs = en_malloc((size_t)m->n_specs * sizeof *fs);
     size_t total = 0;
     int nf = 0, nq = 0;
     for (int i = 0; fs && i < m->n_specs; i++) {
-        if (m->specs[i].qfmt) {
+        if (file_quantised(&m->specs[i])) {
             nq++;
             continue;
         }
@@ -224,17 +233,23 @@ en_status en_model_save_quantized(const en_model *m, const char *dir, int out_fm
     float *scratch = NULL;
     uint8_t **bufs = en_calloc((size_t)nq + 1, sizeof *bufs);
     char *st = en_path_join(dir, "model.safetensors"), *cfg = en_path_join(dir, "config.json");
-    char *cfg_text = quant_config_text(m, en_model_quant_name(m), out_fmt);
+    char *cfg_text = quant_config_text(m, en_model_quant_name(m));
     en_status s = EN_OK;
     if (!host || !hq || !bufs || !st || !cfg || !cfg_text) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0, k = 0; i < m->n_specs; i++)
-        if (!m->specs[i].qfmt)
-            en_backend_download(m->be, host + fs[k++].offset, m->params + m->specs[i].offset,
-                                m->specs[i].n_elem * sizeof(float));
     if (m->n_paramsq) en_backend_download(m->be, hq, m->paramsq, m->n_paramsq);
+    for (int i = 0, k = 0; i < m->n_specs; i++) {
+        const en_param_spec *sp = &m->specs[i];
+        if (file_quantised(sp)) continue;
+        float *h = host + fs[k++].offset;
+        if (sp->qfmt) /* a Conv1D matrix: the values its blocks stand for */
+            en_dequantize_rows((en_quant_fmt)sp->qfmt, h, hq + sp->offset, (int)sp->shape[0],
+                               (int)sp->shape[1]);
+        else
+            en_backend_download(m->be, h, m->params + sp->offset, sp->n_elem * sizeof(float));
+    }
     int n = en_model_file_items(fs, nf, host, &items, &scratch);
     all = n < 0 ? NULL : en_calloc((size_t)(n + nq + 1), sizeof *all);
     if (!all) {
@@ -245,7 +260,7 @@ en_status en_model_save_quantized(const en_model *m, const char *dir, int out_fm
     int nb = 0;
     for (int i = 0; i < m->n_specs;) {
         const en_param_spec *sp = &m->specs[i];
-        if (!sp->qfmt) {
+        if (!file_quantised(sp)) {
             i++;
             continue;
         }

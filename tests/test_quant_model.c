@@ -214,7 +214,7 @@ static void check_variant(const char *root, int tied, int qwen, const int32_t *i
         en_err err = {0};
         en_model *qw = qt ? qt : q;
         if (qt) logits_of(qt, ids, 1, got);
-        CHECK(en_model_save_quantized(qw, qdir, 1, &err) == EN_OK, "%s", err.msg);
+        CHECK(en_model_save_quantized(qw, qdir, &err) == EN_OK, "%s", err.msg);
         en_model *r = load(qdir, EN_WEIGHTS_AUTO, -1);
         if (r) {
             logits_of(r, ids, 1, dq);
