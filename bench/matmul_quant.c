@@ -76,7 +76,9 @@ static wset make_wset(en_quant_fmt fmt) {
             wf[i] = urand(&seed) * 0.05f;
         sz[s] = en_quant_row_size(fmt, K) * N;
         proto[s] = xmalloc(sz[s]);
-        if (en_quantize_rows(fmt, proto[s], wf, N, K) != EN_OK) {
+        if (en_quantize_rows(en_quant_base(fmt), proto[s], wf, N, K) != EN_OK ||
+            (fmt != en_quant_base(fmt) &&
+             en_quant_interleave(en_quant_base(fmt), proto[s], N, K) != EN_OK)) {
             fprintf(stderr, "bench_matmul_quant: quantising %s failed\n", en_quant_name(fmt));
             exit(1);
         }
@@ -178,7 +180,7 @@ int main(int argc, char **argv) {
     const int passes = argc > 2 ? atoi(argv[2]) : 7;
     const char *list = argc > 3 ? argv[3] : "q8,q4,q4_1,q4_k,q6_k";
     if (n_threads < 1 || passes < 0) {
-        fprintf(stderr, "usage: %s [n_threads] [passes] [formats, e.g. q8,q4]\n", argv[0]);
+        fprintf(stderr, "usage: %s [n_threads] [passes] [formats, e.g. q8,q4,q8x4]\n", argv[0]);
         return 2;
     }
     /* the median of passes (en_measure_read_bandwidth's figure), and the
@@ -208,8 +210,16 @@ int main(int argc, char **argv) {
     strcpy(names, list);
     for (char *save = NULL, *tok = strtok_r(names, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
-        const en_quant_fmt fmt = en_quant_parse(tok);
-        if (fmt == EN_QUANT_NONE) {
+        /* "q8x4": the interleaved layout the CPU backend holds (quant.h) */
+        const size_t tl = strlen(tok);
+        const int x4 = tl > 2 && strcmp(tok + tl - 2, "x4") == 0;
+        if (x4)
+            tok[tl - 2] = '\0';
+        const en_quant_fmt base = en_quant_parse(tok);
+        if (x4)
+            tok[tl - 2] = 'x';
+        const en_quant_fmt fmt = (en_quant_fmt)(base | (x4 ? EN_QUANT_X4 : 0));
+        if (base == EN_QUANT_NONE || (x4 && !en_quant_x4_ok(base, 4))) {
             printf("%-6s (not a format here)\n", tok);
             continue;
         }

@@ -93,10 +93,8 @@ void en_cpu_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const voi
 void en_cpu_embedding_q(en_backend *be, float *y, const void *table, int qfmt,
                         const int32_t *ids, int T, int C) {
     const en_quant_fmt f = (en_quant_fmt)qfmt;
-    const size_t rs = en_quant_row_size(f, C);
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \
     if ((size_t)T * (size_t)C >= CPU_PAR_MIN)
     for (int t = 0; t < T; t++)
-        en_dequantize_rows(f, y + (size_t)t * C, (const uint8_t *)table + (size_t)ids[t] * rs, 1,
-                           C);
+        en_dequantize_row(f, y + (size_t)t * C, table, ids[t], C); /* either layout */
 }

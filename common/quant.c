@@ -10,6 +10,7 @@
 #include "quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "safetensors.h" /* en_f32_to_f16, en_f16_to_f32 */
@@ -35,9 +36,21 @@ static const struct {
 };
 #define N_FMT ((int)(sizeof fmt_info / sizeof *fmt_info))
 
-static int fmt_ok(en_quant_fmt fmt) { return fmt > EN_QUANT_NONE && (int)fmt < N_FMT; }
+static int plain_ok(en_quant_fmt fmt) { return fmt > EN_QUANT_NONE && (int)fmt < N_FMT; }
 
-const char *en_quant_name(en_quant_fmt fmt) { return fmt_ok(fmt) ? fmt_info[fmt].name : "?"; }
+static int x4_fmt(en_quant_fmt f) {
+    return f == EN_QUANT_Q8 || f == EN_QUANT_Q4 || f == EN_QUANT_Q4_1;
+}
+
+/* A format, possibly with the layout flag (then q8, q4 or q4_1). */
+static int fmt_ok(en_quant_fmt fmt) {
+    const en_quant_fmt b = en_quant_base(fmt);
+    return plain_ok(b) && (b == fmt || x4_fmt(b));
+}
+
+const char *en_quant_name(en_quant_fmt fmt) {
+    return fmt_ok(fmt) ? fmt_info[en_quant_base(fmt)].name : "?";
+}
 
 en_quant_fmt en_quant_parse(const char *s) {
     if (!s)
@@ -55,12 +68,17 @@ en_quant_fmt en_quant_from_ggml(int ggml_type) {
     return EN_QUANT_NONE;
 }
 
-int en_quant_block_elems(en_quant_fmt fmt) { return fmt_ok(fmt) ? fmt_info[fmt].elems : 0; }
+int en_quant_block_elems(en_quant_fmt fmt) {
+    return fmt_ok(fmt) ? fmt_info[en_quant_base(fmt)].elems : 0;
+}
 
 size_t en_quant_row_size(en_quant_fmt fmt, int K) {
-    if (!fmt_ok(fmt) || K <= 0 || K % fmt_info[fmt].elems != 0)
+    if (!fmt_ok(fmt))
         return 0;
-    return (size_t)(K / fmt_info[fmt].elems) * (size_t)fmt_info[fmt].bytes;
+    const int b = en_quant_base(fmt);
+    if (K <= 0 || K % fmt_info[b].elems != 0)
+        return 0;
+    return (size_t)(K / fmt_info[b].elems) * (size_t)fmt_info[b].bytes;
 }
 
 /* Store the float16 of d and return the float it stands for: the rounding
@@ -257,7 +275,7 @@ static void quantize_block_q6_k(uint8_t *b, const float *x) {
 
 en_status en_quantize_rows(en_quant_fmt fmt, void *dst, const float *src, int N, int K) {
     const size_t rs = en_quant_row_size(fmt, K);
-    if (rs == 0 || N < 0 || (N > 0 && (!dst || !src)))
+    if (rs == 0 || fmt != en_quant_base(fmt) || N < 0 || (N > 0 && (!dst || !src)))
         return EN_ERR_ARG;
     const int be = fmt_info[fmt].elems, bb = fmt_info[fmt].bytes, nb = K / be;
     for (int n = 0; n < N; n++) {
@@ -356,12 +374,100 @@ en_status en_dequantize_rows(en_quant_fmt fmt, float *dst, const void *src, int 
     const size_t rs = en_quant_row_size(fmt, K);
     if (rs == 0 || N < 0 || (N > 0 && (!dst || !src)))
         return EN_ERR_ARG;
+    if (fmt != en_quant_base(fmt)) {
+        if (N % 4 != 0)
+            return EN_ERR_ARG;
+        for (int n = 0; n < N; n++)
+            en_dequantize_row(fmt, dst + (size_t)n * K, src, n, K);
+        return EN_OK;
+    }
     const int be = fmt_info[fmt].elems, bb = fmt_info[fmt].bytes, nb = K / be;
     for (int n = 0; n < N; n++) {
         const uint8_t *row = (const uint8_t *)src + (size_t)n * rs;
         float *y = dst + (size_t)n * K;
         for (int i = 0; i < nb; i++)
             dequantize_block(fmt, y + (size_t)i * be, row + (size_t)i * bb);
+    }
+    return EN_OK;
+}
+
+en_status en_dequantize_row(en_quant_fmt fmt, float *dst, const void *w, int n, int K) {
+    const size_t rs = en_quant_row_size(fmt, K);
+    if (rs == 0 || n < 0 || !dst || !w)
+        return EN_ERR_ARG;
+    const en_quant_fmt b = en_quant_base(fmt);
+    if (b == fmt)
+        return en_dequantize_rows(fmt, dst, (const uint8_t *)w + (size_t)n * rs, 1, K);
+    const uint8_t *quad = (const uint8_t *)w + (size_t)(n / 4) * 4 * rs;
+    const int be = fmt_info[b].elems;
+    uint8_t blk[Q8_BLOCK_BYTES]; /* the largest of q8, q4, q4_1 */
+    for (int i = 0; i < K / be; i++) {
+        en_quant_x4_block(b, quad, K, i, n % 4, blk);
+        dequantize_block(b, dst + (size_t)i * be, blk);
+    }
+    return EN_OK;
+}
+
+/* ---- rows interleaved by fours (EN_QUANT_X4) ----
+ * A plain block is hb header bytes (q8, q4: d; q4_1: d, m) then qb bytes of
+ * levels; a quad block is the header fields of rows 0..3 field by field (8
+ * bytes per field), then the rows' levels in row order. */
+
+int en_quant_x4_ok(en_quant_fmt fmt, int N) { return x4_fmt(fmt) && N > 0 && N % 4 == 0; }
+
+static int hdr_bytes(en_quant_fmt b) { return b == EN_QUANT_Q4_1 ? 4 : 2; }
+
+void en_quant_x4_block(en_quant_fmt fmt, const uint8_t *quad, int K, int b, int r, uint8_t *out) {
+    const en_quant_fmt f = en_quant_base(fmt);
+    const int bb = fmt_info[f].bytes, hb = hdr_bytes(f), qb = bb - hb;
+    (void)K;
+    const uint8_t *q = quad + (size_t)b * 4 * bb;
+    for (int fld = 0; fld < hb / 2; fld++)
+        memcpy(out + 2 * fld, q + 8 * fld + 2 * r, 2);
+    memcpy(out + hb, q + 4 * hb + r * qb, (size_t)qb);
+}
+
+/* The quad block b of 4 plain rows (rows[r]: row r's bytes) into q. */
+static void x4_put_block(en_quant_fmt f, const uint8_t *const rows[4], int b, uint8_t *q) {
+    const int bb = fmt_info[f].bytes, hb = hdr_bytes(f), qb = bb - hb;
+    for (int r = 0; r < 4; r++) {
+        const uint8_t *src = rows[r] + (size_t)b * bb;
+        for (int fld = 0; fld < hb / 2; fld++)
+            memcpy(q + 8 * fld + 2 * r, src + 2 * fld, 2);
+        memcpy(q + 4 * hb + r * qb, src + hb, (size_t)qb);
+    }
+}
+
+en_status en_quant_interleave(en_quant_fmt fmt, void *w, int N, int K) {
+    const size_t rs = en_quant_row_size(fmt, K);
+    if (!en_quant_x4_ok(fmt, N) || rs == 0 || !w)
+        return EN_ERR_ARG;
+    uint8_t *tmp = malloc(4 * rs);
+    if (!tmp)
+        return EN_ERR_NOMEM;
+    const int bb = fmt_info[fmt].bytes, nb = (int)(rs / (size_t)bb);
+    for (int n = 0; n < N; n += 4) {
+        uint8_t *quad = (uint8_t *)w + (size_t)n * rs;
+        memcpy(tmp, quad, 4 * rs);
+        const uint8_t *rows[4] = {tmp, tmp + rs, tmp + 2 * rs, tmp + 3 * rs};
+        for (int b = 0; b < nb; b++)
+            x4_put_block(fmt, rows, b, quad + (size_t)b * 4 * bb);
+    }
+    free(tmp);
+    return EN_OK;
+}
+
+en_status en_quant_deinterleave(en_quant_fmt fmt, void *dst, const void *src, int N, int K) {
+    const en_quant_fmt f = en_quant_base(fmt);
+    const size_t rs = en_quant_row_size(f, K);
+    if (!en_quant_x4_ok(f, N) || rs == 0 || !dst || !src)
+        return EN_ERR_ARG;
+    const int bb = fmt_info[f].bytes, nb = (int)(rs / (size_t)bb);
+    for (int n = 0; n < N; n++) {
+        const uint8_t *quad = (const uint8_t *)src + (size_t)(n / 4) * 4 * rs;
+        uint8_t *row = (uint8_t *)dst + (size_t)n * rs;
+        for (int b = 0; b < nb; b++)
+            en_quant_x4_block(f, quad, K, b, n % 4, row + (size_t)b * bb);
     }
     return EN_OK;
 }

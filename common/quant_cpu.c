@@ -379,6 +379,28 @@ static void row_c(en_quant_fmt fmt, const uint8_t *w, const xq8 *xq, int m0, int
     }
 }
 
+/* Rows n0..n1-1 (a multiple of 4 apart from n0, both quad-aligned) of an
+ * interleaved matrix: each block gathered back to its plain bytes, then
+ * row_c's arithmetic exactly. */
+static void range_x4_c(en_quant_fmt fmt, const uint8_t *w, size_t wrs, int n0, int n1,
+                       const xq8 *xq, int M, float *y, size_t ldy) {
+    const int nb = xq->nb, K = nb * 32;
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *quad = w + (size_t)(n / 4) * 4 * wrs;
+        for (int m = 0; m < M; m++) {
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const size_t i0 = (size_t)m * nb;
+            for (int b = 0; b < nb; b++) {
+                uint8_t blk[Q8_BYTES];
+                en_quant_x4_block(fmt, quad, K, b, n % 4, blk);
+                s[b & 3] = s[b & 3] + term_c(fmt, blk, 0, xq->q + (i0 + b) * 32, xq->d[i0 + b],
+                                             xq->s[i0 + b], xq->h[2 * (i0 + b)]);
+            }
+            y[(size_t)m * ldy + n] = sum4(s);
+        }
+    }
+}
+
 /* ---- AVX2 ---- */
 #if QUANT_X86
 
@@ -723,6 +745,102 @@ RANGE_FN(range_q4_1_avx2, EN_QUANT_Q4_1)
 RANGE_FN(range_q4_k_avx2, EN_QUANT_Q4_K)
 RANGE_FN(range_q6_k_avx2, EN_QUANT_Q6_K)
 #undef RANGE_FN
+
+/* ---- interleaved rows (EN_QUANT_X4): one quad of weight rows per pass ---- */
+
+/* Bytes ahead of the quad block being read that the x4 kernels prefetch:
+ * one stream per thread, well ahead of the hardware prefetcher. */
+#ifndef X4_PF
+#define X4_PF 1024
+#endif
+
+/* The terms of block i (x's block index) of the quad block at qb, for its
+ * rows 0..3 as lanes 0..3: the same integers and float operations as
+ * wgroup_terms (and term_c) per row. */
+QUANT_AVX2 static inline __attribute__((always_inline)) __m128
+x4_terms(en_quant_fmt fmt, const uint8_t *qb, const xq8 *xq, size_t i) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128 dx = _mm_set1_ps(xq->d[i]);
+    const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)qb));
+    if (fmt == EN_QUANT_Q8) {
+        const __m256i xv = _mm256_load_si256((const __m256i *)(xq->q + i * 32));
+        __m256i p[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 8 + 32 * r));
+            p[r] = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v)), ones);
+        }
+        const __m128i I = hsum4_avx2(p[0], p[1], p[2], p[3]);
+        return _mm_mul_ps(_mm_mul_ps(d4, dx), _mm_cvtepi32_ps(I));
+    }
+    /* q4, q4_1: rows 2h, 2h + 1's 16 bytes of nibbles in one load, against
+     * x's first 16 levels (low nibbles) and last 16 (high) in both halves;
+     * a pair's two maddubs add in int16 (at most 4 * 15 * 127 < 2^15) */
+    const int hdr = fmt == EN_QUANT_Q4 ? 8 : 16;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const int8_t *x = xq->q + i * 32;
+    const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)x));
+    const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(x + 16)));
+    __m256i p[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qb + hdr + 32 * h));
+        const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(raw, low4), xlo);
+        const __m256i hi =
+            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), xhi);
+        p[h] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
+    }
+    const __m128i I = hsum2x2_avx2(p[0], p[1]);
+    const __m128i S = _mm_set1_epi32(xq->s[i]);
+    if (fmt == EN_QUANT_Q4)
+        return _mm_mul_ps(_mm_mul_ps(d4, dx), _mm_cvtepi32_ps(_mm_sub_epi32(I, _mm_slli_epi32(S, 3))));
+    const __m128 e4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(qb + 8)));
+    return _mm_add_ps(_mm_mul_ps(_mm_mul_ps(d4, dx), _mm_cvtepi32_ps(I)),
+                      _mm_mul_ps(_mm_mul_ps(e4, dx), _mm_cvtepi32_ps(S)));
+}
+
+/* y[0..3] = the quad at wq (quad blocks of qbb bytes) against x row m: the
+ * four chains s[b % 4] of the file comment as four vectors over the rows,
+ * then (s0 + s1) + (s2 + s3). */
+QUANT_AVX2 static inline __attribute__((always_inline)) void
+quad_x4_avx2(en_quant_fmt fmt, const uint8_t *wq, size_t qbb, const xq8 *xq, int m, float *y) {
+    const int nb = xq->nb;
+    const size_t i0 = (size_t)m * nb;
+    __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *p = wq + (size_t)b * qbb;
+        if (QUANT_PF) {
+#pragma GCC unroll 8
+            for (size_t o = 0; o < 4 * qbb; o += 64)
+                PREFETCH((const char *)((uintptr_t)p + X4_PF + o));
+        }
+        a0 = _mm_add_ps(a0, x4_terms(fmt, p, xq, i0 + b));
+        a1 = _mm_add_ps(a1, x4_terms(fmt, p + qbb, xq, i0 + b + 1));
+        a2 = _mm_add_ps(a2, x4_terms(fmt, p + 2 * qbb, xq, i0 + b + 2));
+        a3 = _mm_add_ps(a3, x4_terms(fmt, p + 3 * qbb, xq, i0 + b + 3));
+    }
+    if (b < nb) { a0 = _mm_add_ps(a0, x4_terms(fmt, wq + (size_t)b * qbb, xq, i0 + b)); b++; }
+    if (b < nb) { a1 = _mm_add_ps(a1, x4_terms(fmt, wq + (size_t)b * qbb, xq, i0 + b)); b++; }
+    if (b < nb) a2 = _mm_add_ps(a2, x4_terms(fmt, wq + (size_t)b * qbb, xq, i0 + b));
+    _mm_storeu_ps(y, _mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)));
+}
+
+/* Quads of weight rows n0..n1-1 (multiples of 4) for all M x rows: the
+ * quad (a few KB) stays in L1 while the x rows pass by. */
+#define RANGE_X4_FN(name, FMT, BLOCK_BYTES)                                                        \
+    QUANT_AVX2 static void name(const uint8_t *w, size_t wrs, int n0, int n1, const xq8 *xq,       \
+                                int M, float *y, size_t ldy) {                                     \
+        for (int n = n0; n < n1; n += 4)                                                           \
+            for (int m = 0; m < M; m++)                                                            \
+                quad_x4_avx2(FMT, w + (size_t)n * wrs, 4 * (BLOCK_BYTES), xq, m,                   \
+                             y + (size_t)m * ldy + n);                                             \
+    }
+RANGE_X4_FN(range_q8_x4_avx2, EN_QUANT_Q8, Q8_BYTES)
+RANGE_X4_FN(range_q4_x4_avx2, EN_QUANT_Q4, Q4_BYTES)
+RANGE_X4_FN(range_q4_1_x4_avx2, EN_QUANT_Q4_1, Q4_1_BYTES)
+#undef RANGE_X4_FN
 #endif
 
 typedef void (*range_fn)(const uint8_t *w, size_t wrs, int n0, int n1, const xq8 *xq, int M,
@@ -737,7 +855,8 @@ static void range_c(en_quant_fmt fmt, const uint8_t *w, size_t wrs, int n0, int 
 en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void *w, int M, int N,
                           int K, int n_threads) {
     const size_t wrs = en_quant_row_size(fmt, K);
-    if (wrs == 0 || M < 0 || N < 0)
+    const int x4 = fmt != en_quant_base(fmt);
+    if (wrs == 0 || M < 0 || N < 0 || (x4 && N % 4 != 0))
         return EN_ERR_ARG;
     if (M == 0 || N == 0)
         return EN_OK;
@@ -755,7 +874,10 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
     range_fn fn = NULL;
 #if QUANT_X86
     if (simd)
-        switch (fmt) {
+        switch ((int)fmt) {
+        case EN_QUANT_Q8 | EN_QUANT_X4: fn = range_q8_x4_avx2; break;
+        case EN_QUANT_Q4 | EN_QUANT_X4: fn = range_q4_x4_avx2; break;
+        case EN_QUANT_Q4_1 | EN_QUANT_X4: fn = range_q4_1_x4_avx2; break;
         case EN_QUANT_Q8: fn = range_q8_avx2; break;
         case EN_QUANT_Q4: fn = range_q4_avx2; break;
         case EN_QUANT_Q4_1: fn = range_q4_1_avx2; break;
@@ -775,6 +897,8 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
         if (n0 < n1) {
             if (fn)
                 fn(wb, wrs, n0, n1, &xq, M, y, (size_t)N);
+            else if (x4)
+                range_x4_c(en_quant_base(fmt), wb, wrs, n0, n1, &xq, M, y, (size_t)N);
             else
                 range_c(fmt, wb, wrs, n0, n1, &xq, M, y, (size_t)N);
         }

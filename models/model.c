@@ -291,8 +291,14 @@ static en_status check_tensor(const en_model *m, const shard_set *ss, const en_p
 }
 
 /* Upload the host blocks hq of spec sp (its rows) and point its slot there. */
-static void put_q(en_model *m, en_param_spec *sp, const uint8_t *hq) {
+static void put_q(en_model *m, en_param_spec *sp, uint8_t *hq) {
     const size_t rs = en_quant_row_size((en_quant_fmt)sp->qfmt, (int)sp->shape[1]);
+    /* the CPU kernels' layout: rows interleaved by fours (quant.h); kept
+     * plain when there is no memory for it (the kernels take both) */
+    if (en_quant_x4_ok((en_quant_fmt)sp->qfmt, (int)sp->shape[0]) &&
+        en_quant_interleave((en_quant_fmt)sp->qfmt, hq, (int)sp->shape[0],
+                            (int)sp->shape[1]) == EN_OK)
+        sp->qfmt |= EN_QUANT_X4;
     en_backend_upload(m->be, m->paramsq + sp->offset, hq, (size_t)sp->shape[0] * rs);
     if (sp->slot) *sp->slot = (float *)(void *)(m->paramsq + sp->offset);
 }
@@ -333,7 +339,7 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     full_shape(m, sp, &d0, &d1);
     src_tensor t;
     src_find(ss, name, &t); /* checked by check_tensor */
-    if (sp->qfmt && t.qsrc == sp->qfmt) return load_raw_q(m, sp, &t, (uint8_t *)staging);
+    if (sp->qfmt && t.qsrc == (int)en_quant_base((en_quant_fmt)sp->qfmt)) return load_raw_q(m, sp, &t, (uint8_t *)staging);
     EN_TRY(src_read(m, ss, &t, staging, staging + cap, err));
     float *whole = staging;
     if (sp->flags & EN_PARAM_TRANSPOSED) { /* (in, out) -> (out, in) */

@@ -110,6 +110,7 @@ struct en_model {
     struct en_qref *qrefs;
     int n_qrefs;
     void *lm_head_q;
+    int lm_head_qfmt; /* lm_head_q's format (with EN_QUANT_X4 when interleaved) */
     en_param_spec *specs;
     int n_specs;
     en_weights w;

@@ -89,6 +89,11 @@ static en_status tied_output(en_model *m, int fmt, en_err *err) {
         src = host;
     }
     en_status s = en_quantize_rows((en_quant_fmt)fmt, hq, src, V, C);
+    if (s == EN_OK && en_quant_x4_ok((en_quant_fmt)fmt, V) &&
+        en_quant_interleave((en_quant_fmt)fmt, hq, V, C) == EN_OK)
+        m->lm_head_qfmt = fmt | EN_QUANT_X4;
+    else
+        m->lm_head_qfmt = fmt;
     if (s == EN_OK) {
         en_backend_upload(m->be, m->lm_head_q, hq, (size_t)V * rs);
         m->w.lm_head = m->lm_head_q;
@@ -119,7 +124,7 @@ en_status en_model_quant_finish(en_model *m, int output, en_err *err) {
         }
     if (m->lm_head_q) {
         m->qrefs[k].p = m->lm_head_q;
-        m->qrefs[k++].fmt = output;
+        m->qrefs[k++].fmt = m->lm_head_qfmt;
     }
     qsort(m->qrefs, (size_t)k, sizeof *m->qrefs, qref_cmp);
     m->n_qrefs = k;
@@ -139,7 +144,7 @@ void en_model_quant_destroy(en_model *m) {
 const char *en_model_quant_name(const en_model *m) {
     int f = 0, mixed = 0;
     for (int i = 0; i < m->n_specs; i++) {
-        const int q = m->specs[i].qfmt;
+        const int q = en_quant_base((en_quant_fmt)m->specs[i].qfmt);
         if (!q || (m->specs[i].slot == &m->w.lm_head)) continue;
         if (f && q != f) mixed = 1;
         f = q;
@@ -167,14 +172,20 @@ static uint8_t *file_bytes(const en_model *m, const uint8_t *hq, int i, int64_t 
     int j = i + 1;
     int64_t r = sp->shape[0];
     while (sp->src[0] && j < m->n_specs && strcmp(m->specs[j].src, sp->src) == 0 &&
-           m->specs[j].qfmt == sp->qfmt && m->specs[j].shape[1] == sp->shape[1])
+           en_quant_base((en_quant_fmt)m->specs[j].qfmt) == en_quant_base((en_quant_fmt)sp->qfmt) &&
+           m->specs[j].shape[1] == sp->shape[1])
         r += m->specs[j++].shape[0];
     uint8_t *buf = en_malloc((size_t)r * *rs);
     if (!buf) return NULL;
     size_t at = 0;
-    for (int k = i; k < j; k++) {
-        const size_t nb = (size_t)m->specs[k].shape[0] * *rs;
-        memcpy(buf + at, hq + m->specs[k].offset, nb);
+    for (int k = i; k < j; k++) { /* files hold the plain layout */
+        const en_param_spec *sk = &m->specs[k];
+        const size_t nb = (size_t)sk->shape[0] * *rs;
+        if ((int)en_quant_base((en_quant_fmt)sk->qfmt) != sk->qfmt)
+            en_quant_deinterleave((en_quant_fmt)sk->qfmt, buf + at, hq + sk->offset,
+                                  (int)sk->shape[0], (int)sk->shape[1]);
+        else
+            memcpy(buf + at, hq + sk->offset, nb);
         at += nb;
     }
     *rows = r;

@@ -97,6 +97,19 @@ static void test_names(void) {
     CHECK(en_quant_row_size(EN_QUANT_Q8, 64) == 68);
     CHECK(en_quant_row_size(EN_QUANT_Q4, 64) == 36);
     CHECK(en_quant_row_size(EN_QUANT_Q8, 48) == 0);
+    /* the interleaved layout: q8, q4, q4_1 only, N a multiple of 4, never
+     * written by the quantiser */
+    CHECK(en_quant_row_size((en_quant_fmt)(EN_QUANT_Q4_1 | EN_QUANT_X4), 64) == 40);
+    CHECK(en_quant_row_size((en_quant_fmt)(EN_QUANT_Q4_K | EN_QUANT_X4), 256) == 0);
+    CHECK(en_quant_x4_ok(EN_QUANT_Q8, 8) && !en_quant_x4_ok(EN_QUANT_Q8, 6) &&
+          !en_quant_x4_ok(EN_QUANT_Q6_K, 8) && !en_quant_x4_ok(EN_QUANT_Q8, 0));
+    {
+        float z[4 * 32] = {0};
+        uint8_t q[4 * 34];
+        CHECK(en_quantize_rows((en_quant_fmt)(EN_QUANT_Q8 | EN_QUANT_X4), q, z, 4, 32) ==
+              EN_ERR_ARG);
+        CHECK(en_quant_interleave(EN_QUANT_Q8, q, 3, 32) == EN_ERR_ARG);
+    }
     CHECK(en_quant_row_size(EN_QUANT_Q4, 0) == 0);
     CHECK(en_quant_row_size(EN_QUANT_NONE, 32) == 0);
     static const char *names[N_FMTS] = {"q8", "q4", "q4_1", "q4_k", "q6_k"};
@@ -252,6 +265,53 @@ static void test_grid(en_quant_fmt fmt, en_test_rng *r) {
 
 /* y against the float64 product of the dequantised operands, then the
  * other paths and thread counts bit for bit. */
+/* The interleaved layout (EN_QUANT_X4) of the plain matrix w: the same
+ * values (en_dequantize_rows and en_dequantize_row vs the plain wd, bit for
+ * bit), the plain bytes back (en_quant_deinterleave), and en_quant_matmul
+ * equal to the plain layout's y bit for bit on both paths and thread
+ * counts, each row alone as in the batch. */
+static void check_x4(en_quant_fmt fmt, const uint8_t *w, const float *wd, const float *x,
+                     const float *y, int M, int N, int K) {
+    const en_quant_fmt f4 = (en_quant_fmt)(fmt | EN_QUANT_X4);
+    const size_t rs = en_quant_row_size(fmt, K), yb = sizeof(float) * M * N;
+    CHECK(en_quant_row_size(f4, K) == rs && strcmp(en_quant_name(f4), en_quant_name(fmt)) == 0);
+    uint8_t *w4 = xmalloc(rs * N), *back = xmalloc(rs * N);
+    memcpy(w4, w, rs * N);
+    CHECK(en_quant_interleave(fmt, w4, N, K) == EN_OK);
+    CHECK(N < 8 || memcmp(w4, w, rs * N) != 0, "%s: interleaving changed nothing", en_quant_name(fmt));
+    CHECK(en_quant_deinterleave(f4, back, w4, N, K) == EN_OK);
+    CHECK(memcmp(back, w, rs * N) == 0, "%s N%d K%d: deinterleave", en_quant_name(fmt), N, K);
+    float *d4 = xmalloc(sizeof(float) * N * K), *y4 = xmalloc(yb);
+    CHECK(en_dequantize_rows(f4, d4, w4, N, K) == EN_OK);
+    CHECK(memcmp(d4, wd, sizeof(float) * N * K) == 0, "%s N%d K%d: x4 dequantised",
+          en_quant_name(fmt), N, K);
+    int rows_ok = 1;
+    for (int n = 0; n < N; n += 1 + n / 3) {
+        CHECK(en_dequantize_row(f4, d4, w4, n, K) == EN_OK);
+        rows_ok &= memcmp(d4, wd + (size_t)n * K, sizeof(float) * K) == 0;
+    }
+    CHECK(rows_ok, "%s N%d K%d: en_dequantize_row", en_quant_name(fmt), N, K);
+    for (int v = 0; v < 4; v++) {
+        for (int i = 0; i < M * N; i++)
+            y4[i] = NAN;
+        en_quant_set_simd(v < 2);
+        CHECK(en_quant_matmul(f4, y4, x, w4, M, N, K, 1 + v % 2) == EN_OK);
+        CHECK(memcmp(y4, y, yb) == 0, "%s M%d N%d K%d: x4 %s %d threads vs plain",
+              en_quant_name(fmt), M, N, K, v < 2 ? "avx2" : "C", 1 + v % 2);
+    }
+    en_quant_set_simd(1);
+    for (int m = 0; m < M && M > 1; m++) {
+        CHECK(en_quant_matmul(f4, y4, x + (size_t)m * K, w4, 1, N, K, 2) == EN_OK);
+        CHECK(memcmp(y4, y + (size_t)m * N, sizeof(float) * N) == 0,
+              "%s M%d N%d K%d: x4 row %d alone", en_quant_name(fmt), M, N, K, m);
+    }
+    CHECK(en_dequantize_rows(f4, d4, w4, N - 1, K) == EN_ERR_ARG);
+    free(w4);
+    free(back);
+    free(d4);
+    free(y4);
+}
+
 static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng *r) {
     const size_t rs = en_quant_row_size(fmt, K), xrs = en_quant_row_size(EN_QUANT_Q8, K);
     float *x = xmalloc(sizeof(float) * M * K), *wf = xmalloc(sizeof(float) * N * K);
@@ -314,6 +374,11 @@ static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng 
               K);
         free(y1);
     }
+    if (en_quant_x4_ok(fmt, N))
+        check_x4(fmt, w, wd, x, y[0], M, N, K);
+    else if (en_quant_base(fmt) != EN_QUANT_Q4_K && en_quant_base(fmt) != EN_QUANT_Q6_K)
+        CHECK(en_quant_matmul(fmt | EN_QUANT_X4, y[1], x, w, M, N, K, 1) == EN_ERR_ARG,
+              "%s N %d: an interleaved matrix needs N %% 4 == 0", en_quant_name(fmt), N);
     for (int v = 0; v < 4; v++)
         free(y[v]);
     free(x);
@@ -396,7 +461,7 @@ static void test_matmul(en_test_rng *r) {
      * up to 16 x rows: M 1, 3, 5 and 17 (two tiles) take both loops, and
      * each batch row is checked against the same row alone. K 96 and 224
      * leave tail blocks after the groups of 4. */
-    static const int Ms[] = {1, 3, 5, 17}, Ns[] = {1, 5, 64, 300};
+    static const int Ms[] = {1, 3, 5, 17}, Ns[] = {4, 5, 64, 300};
     static const int Ks32[] = {32, 96, 224, 2048}, Ks256[] = {256, 1280};
     for (int f = 0; f < N_FMTS; f++) {
         const int k256 = en_quant_block_elems(fmts[f]) == 256, nk = k256 ? 2 : 4;
