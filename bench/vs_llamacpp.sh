@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/vs_llamacpp.sh [--model s110m|s15m|DIR] [--threads 2] [--repeats 5]
-#                      [--serve-repeats N] [--widths "f32 bf16 q8 q4"] [--energon PATH]
+#                      [--serve-repeats N (0: no served rows)] [--widths "f32 bf16 q8 q4"] [--energon PATH]
 #                      [--peer-only]
 # CPU inference speed of energon beside llama.cpp, the same model at the same
 # weight widths, in one run, printed as one markdown table.
@@ -91,9 +91,11 @@ while [ $# -gt 0 ]; do
     esac
 done
 SERVE_REPEATS=${SERVE_REPEATS:-$REPEATS}
-for n in "$THREADS" "$REPEATS" "$SERVE_REPEATS"; do
-    [[ $n =~ ^[1-9][0-9]*$ ]] || die "--threads, --repeats and --serve-repeats take positive integers"
+for n in "$THREADS" "$REPEATS"; do
+    [[ $n =~ ^[1-9][0-9]*$ ]] || die "--threads and --repeats take positive integers"
 done
+[[ $SERVE_REPEATS =~ ^[0-9]+$ ]] || die "--serve-repeats takes a number (0: no served rows)"
+
 for w in $WIDTHS; do
     case $w in f32 | bf16 | q8 | q4) ;; *) die "--widths: '$w' is not one of f32 bf16 q8 q4" ;; esac
 done
@@ -461,6 +463,7 @@ lc_serve() { # width
 ROWS=("decode tok/s, 1 sequence" "decode tok/s, 32 sequences" "prefill tok/s, 128 tokens"
     "served output tok/s, concurrency 1" "served output tok/s, concurrency 8"
     "served output tok/s, concurrency 32")
+[ "$SERVE_REPEATS" = 0 ] && ROWS=("${ROWS[@]:0:3}")
 declare -A EN LC SERVED
 for w in $WIDTHS; do
     en_ok=1
@@ -477,6 +480,7 @@ for w in $WIDTHS; do
     LC[$w,0]=$(lc_bench "$w" -p 0 -n 64 -d 16)
     LC[$w,1]=$(lc_batched "$w")
     LC[$w,2]=$(lc_bench "$w" -p 128 -n 0)
+    [ "$SERVE_REPEATS" = 0 ] && continue # --serve-repeats 0: no served rows
     if [ $en_ok = 1 ]; then
         log "width $w: energon serve"
         en_serve "$w"

@@ -54,7 +54,7 @@ static int matmul_q_panels(en_backend *be, float *y, const float *x, const uint8
     for (int p = 0; p < n_panels; p++) {
         const int n0 = p * P, pn = N - n0 < P ? N - n0 : P;
         float *buf = (float *)(scr + (size_t)omp_get_thread_num() * slice); /* (pn, K) */
-        en_dequantize_rows(f, buf, w + (size_t)n0 * rs, pn, K); /* shapes checked: cannot fail */
+        en_dequantize_rows_fast(f, buf, w + (size_t)n0 * rs, pn, K); /* shapes checked */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, pn, K, 1.0f, x, K, buf, K, 0.0f,
                     y + n0, N);
         if (bias) add_bias(y, bias, M, N, n0, pn);
@@ -83,7 +83,7 @@ void en_cpu_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const voi
     en_cpu_blas_threads(be);
     for (int n0 = 0; n0 < N; n0 += P) {
         const int pn = N - n0 < P ? N - n0 : P;
-        en_dequantize_rows(f, buf, (const uint8_t *)w + (size_t)n0 * rs, pn, K);
+        en_dequantize_rows_fast(f, buf, (const uint8_t *)w + (size_t)n0 * rs, pn, K);
         /* dx(M,K) += dy(M, n0:n0+pn) · buf(pn,K) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, pn, 1.0f, dy + n0, N, buf,
                     K, 1.0f, dx, K);

@@ -370,6 +370,32 @@ static void dequantize_block(en_quant_fmt fmt, float *y, const uint8_t *b) {
     }
 }
 
+static int hdr_bytes(en_quant_fmt b) { return b == EN_QUANT_Q4_1 ? 4 : 2; }
+
+/* Block b of row r of the quad block at q (base format f) back to its plain
+ * bytes: the header fields (2 bytes each, 8 apart), then the levels. */
+static inline void x4_get_block(en_quant_fmt f, const uint8_t *q, int r, uint8_t *out) {
+    const int bb = fmt_info[f].bytes, hb = hdr_bytes(f), qb = bb - hb;
+    memcpy(out, q + 2 * r, 2);
+    if (hb == 4)
+        memcpy(out + 2, q + 8 + 2 * r, 2);
+    memcpy(out + hb, q + 4 * hb + r * qb, (size_t)qb);
+}
+
+/* dequantize_block over an interleaved matrix (N % 4 == 0), quad by quad. */
+static void dequantize_x4(en_quant_fmt f, float *dst, const void *src, int N, int K) {
+    const int be = fmt_info[f].elems, bb = fmt_info[f].bytes, nb = K / be;
+    uint8_t blk[Q8_BLOCK_BYTES]; /* the largest of q8, q4, q4_1 */
+    for (int n = 0; n < N; n += 4) {
+        const uint8_t *quad = (const uint8_t *)src + (size_t)n * nb * bb;
+        for (int i = 0; i < nb; i++)
+            for (int r = 0; r < 4; r++) {
+                x4_get_block(f, quad + (size_t)i * 4 * bb, r, blk);
+                dequantize_block(f, dst + (size_t)(n + r) * K + (size_t)i * be, blk);
+            }
+    }
+}
+
 en_status en_dequantize_rows(en_quant_fmt fmt, float *dst, const void *src, int N, int K) {
     const size_t rs = en_quant_row_size(fmt, K);
     if (rs == 0 || N < 0 || (N > 0 && (!dst || !src)))
@@ -377,8 +403,7 @@ en_status en_dequantize_rows(en_quant_fmt fmt, float *dst, const void *src, int 
     if (fmt != en_quant_base(fmt)) {
         if (N % 4 != 0)
             return EN_ERR_ARG;
-        for (int n = 0; n < N; n++)
-            en_dequantize_row(fmt, dst + (size_t)n * K, src, n, K);
+        dequantize_x4(en_quant_base(fmt), dst, src, N, K);
         return EN_OK;
     }
     const int be = fmt_info[fmt].elems, bb = fmt_info[fmt].bytes, nb = K / be;
@@ -415,16 +440,10 @@ en_status en_dequantize_row(en_quant_fmt fmt, float *dst, const void *w, int n, 
 
 int en_quant_x4_ok(en_quant_fmt fmt, int N) { return x4_fmt(fmt) && N > 0 && N % 4 == 0; }
 
-static int hdr_bytes(en_quant_fmt b) { return b == EN_QUANT_Q4_1 ? 4 : 2; }
-
 void en_quant_x4_block(en_quant_fmt fmt, const uint8_t *quad, int K, int b, int r, uint8_t *out) {
     const en_quant_fmt f = en_quant_base(fmt);
-    const int bb = fmt_info[f].bytes, hb = hdr_bytes(f), qb = bb - hb;
     (void)K;
-    const uint8_t *q = quad + (size_t)b * 4 * bb;
-    for (int fld = 0; fld < hb / 2; fld++)
-        memcpy(out + 2 * fld, q + 8 * fld + 2 * r, 2);
-    memcpy(out + hb, q + 4 * hb + r * qb, (size_t)qb);
+    x4_get_block(f, quad + (size_t)b * 4 * fmt_info[f].bytes, r, out);
 }
 
 /* The quad block b of 4 plain rows (rows[r]: row r's bytes) into q. */

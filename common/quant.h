@@ -122,6 +122,9 @@ en_status en_quantize_rows(en_quant_fmt fmt, void *dst, const float *src, int N,
  * (ggml's) operation order, so equal to en_ggml_to_f32 bit for bit.
  * EN_ERR_ARG as en_quantize_rows. */
 en_status en_dequantize_rows(en_quant_fmt fmt, float *dst, const void *src, int N, int K);
+/* en_dequantize_rows, the same bits, with AVX2 for q8, q4 and q4_1 (either
+ * layout) where the CPU has it: the prefill panels' conversion. */
+en_status en_dequantize_rows_fast(en_quant_fmt fmt, float *dst, const void *src, int N, int K);
 /* dst(K) = row n of the matrix at w (either layout: with EN_QUANT_X4, w
  * is the whole matrix's start). EN_ERR_ARG as en_quantize_rows. */
 en_status en_dequantize_row(en_quant_fmt fmt, float *dst, const void *w, int n, int K);

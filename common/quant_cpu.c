@@ -746,6 +746,61 @@ RANGE_FN(range_q4_k_avx2, EN_QUANT_Q4_K)
 RANGE_FN(range_q6_k_avx2, EN_QUANT_Q6_K)
 #undef RANGE_FN
 
+/* ---- dequantisation for the prefill panels: quant.c's, vectorised ---- */
+
+/* 32 values of one block: q8 levels (float)q * d; q4 (float)(q - 8) * d;
+ * q4_1 (float)q * d + m (a product, then a sum: quant.c's operations). */
+QUANT_AVX2 static inline __attribute__((always_inline)) void
+dq_block_avx2(en_quant_fmt fmt, float *y, const uint8_t *lv, float d, float m) {
+    const __m256 vd = _mm256_set1_ps(d);
+    if (fmt == EN_QUANT_Q8) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(lv + 8 * c)));
+            _mm256_storeu_ps(y + 8 * c, _mm256_mul_ps(_mm256_cvtepi32_ps(q), vd));
+        }
+        return;
+    }
+    const __m128i raw = _mm_loadu_si128((const __m128i *)lv), low4 = _mm_set1_epi8(0x0F);
+    const __m128i half[2] = {_mm_and_si128(raw, low4), _mm_and_si128(_mm_srli_epi16(raw, 4), low4)};
+    const __m256i off = _mm256_set1_epi32(fmt == EN_QUANT_Q4 ? 8 : 0);
+    const __m256 vm = _mm256_set1_ps(m);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m128i h = half[c >> 1];
+        const __m256i q = _mm256_sub_epi32(
+            _mm256_cvtepu8_epi32(c & 1 ? _mm_srli_si128(h, 8) : h), off);
+        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), vd);
+        if (fmt == EN_QUANT_Q4_1)
+            v = _mm256_add_ps(v, vm);
+        _mm256_storeu_ps(y + 8 * c, v);
+    }
+}
+
+QUANT_AVX2 static void dequantize_avx2(en_quant_fmt fmt, float *dst, const uint8_t *src, int N,
+                                       int K) {
+    const en_quant_fmt f = en_quant_base(fmt);
+    const int x4 = f != fmt, nb = K / 32;
+    const size_t bb = f == EN_QUANT_Q8 ? Q8_BYTES : f == EN_QUANT_Q4 ? Q4_BYTES : Q4_1_BYTES;
+    const size_t hb = f == EN_QUANT_Q4_1 ? 4 : 2, qb = bb - hb;
+    for (int n = 0; n < N; n++) {
+        const int r = n & 3;
+        const uint8_t *row = x4 ? src + (size_t)(n - r) * nb * bb : src + (size_t)n * nb * bb;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *hd, *lv;
+            size_t fs; /* bytes between a block's header fields */
+            if (x4) {
+                const uint8_t *q = row + (size_t)b * 4 * bb;
+                hd = q + 2 * r, fs = 8, lv = q + 4 * hb + r * qb;
+            } else {
+                hd = row + (size_t)b * bb, fs = 2, lv = hd + hb;
+            }
+            dq_block_avx2(f, dst + (size_t)n * K + (size_t)b * 32, lv, f16(hd),
+                          f == EN_QUANT_Q4_1 ? f16(hd + fs) : 0.0f);
+        }
+    }
+}
+
 /* ---- interleaved rows (EN_QUANT_X4): one quad of weight rows per pass ---- */
 
 /* Bytes ahead of the quad block being read that the x4 kernels prefetch:
@@ -904,4 +959,17 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
         }
     }
     return EN_OK;
+}
+
+en_status en_dequantize_rows_fast(en_quant_fmt fmt, float *dst, const void *src, int N, int K) {
+#if QUANT_X86
+    const en_quant_fmt f = en_quant_base(fmt);
+    if (g_simd_on && en_quant_simd_available() &&
+        (f == EN_QUANT_Q8 || f == EN_QUANT_Q4 || f == EN_QUANT_Q4_1) &&
+        en_quant_row_size(fmt, K) && N >= 0 && (f == fmt || N % 4 == 0) && (N == 0 || (dst && src))) {
+        dequantize_avx2(fmt, dst, src, N, K);
+        return EN_OK;
+    }
+#endif
+    return en_dequantize_rows(fmt, dst, src, N, K);
 }

@@ -285,6 +285,9 @@ static void check_x4(en_quant_fmt fmt, const uint8_t *w, const float *wd, const 
     CHECK(en_dequantize_rows(f4, d4, w4, N, K) == EN_OK);
     CHECK(memcmp(d4, wd, sizeof(float) * N * K) == 0, "%s N%d K%d: x4 dequantised",
           en_quant_name(fmt), N, K);
+    CHECK(en_dequantize_rows_fast(f4, d4, w4, N, K) == EN_OK);
+    CHECK(memcmp(d4, wd, sizeof(float) * N * K) == 0, "%s N%d K%d: x4 dequantised fast",
+          en_quant_name(fmt), N, K);
     int rows_ok = 1;
     for (int n = 0; n < N; n += 1 + n / 3) {
         CHECK(en_dequantize_row(f4, d4, w4, n, K) == EN_OK);
@@ -328,6 +331,13 @@ static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng 
     CHECK(en_dequantize_rows(EN_QUANT_Q8, xd, xq, M, K) == EN_OK);
     CHECK(en_dequantize_rows(fmt, wd, w, N, K) == EN_OK);
     offsets_steps(fmt, w, N, K, off, step);
+    { /* the prefill panels' vectorised conversion: the same bits */
+        float *wf2 = xmalloc(sizeof(float) * N * K);
+        CHECK(en_dequantize_rows_fast(fmt, wf2, w, N, K) == EN_OK);
+        CHECK(memcmp(wf2, wd, sizeof(float) * N * K) == 0, "%s N%d K%d: dequantize fast",
+              en_quant_name(fmt), N, K);
+        free(wf2);
+    }
 
     float *y[4];
     const int simd_of[4] = {1, 1, 0, 0}, threads_of[4] = {1, 2, 1, 2};
