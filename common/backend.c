@@ -274,6 +274,35 @@ void en_op_attention_rows_p(en_backend *be, float *out, const float *q, size_t q
                             D, &p);
 }
 
+void en_op_attention_seqs_p(en_backend *be, float *out, const float *q, size_t q_stride,
+                            const float *k, const float *v, size_t kv_stride,
+                            const int32_t *kv_rows, const size_t *kv_off, const int *tok_off,
+                            const int *n_keys, const int32_t *pos, int n_seq, int H, int Hkv,
+                            int D, const en_attn_params *ap) {
+    EN_ASSERT(n_seq >= 0 && H >= 0 && Hkv >= 0 && D >= 0);
+    const en_attn_params p = attn_params(ap, D);
+    if (n_seq == 0 || H == 0 || D == 0) return;
+    EN_ASSERT(tok_off[0] == 0);
+    for (int i = 0; i < n_seq; i++) {
+        const int T = tok_off[i + 1] - tok_off[i], S = n_keys[i];
+        EN_ASSERT(T >= 0 && S >= 0);
+        if (T) attn_check(q_stride, kv_stride, pos + tok_off[i], T, S, H, Hkv, D);
+        for (int s = 0; s < S; s++) EN_ASSERT(kv_rows[kv_off[i] + (size_t)s] >= 0);
+    }
+    if (be->ops->attention_seqs) {
+        be->ops->attention_seqs(be, out, q, q_stride, k, v, kv_stride, kv_rows, kv_off, tok_off,
+                                n_keys, pos, n_seq, H, Hkv, D, &p);
+        return;
+    }
+    for (int i = 0; i < n_seq; i++) {
+        const int t0 = tok_off[i], T = tok_off[i + 1] - t0;
+        if (T)
+            be->ops->attention_rows(be, out + (size_t)t0 * H * D, q + (size_t)t0 * q_stride,
+                                    q_stride, k, v, kv_stride, kv_rows + kv_off[i], pos + t0, T,
+                                    n_keys[i], H, Hkv, D, &p);
+    }
+}
+
 void en_op_attention_rows(en_backend *be, float *out, const float *q, size_t q_stride,
                           const float *k, const float *v, size_t kv_stride,
                           const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,

@@ -296,6 +296,20 @@ void en_op_attention_rows_p(en_backend *be, float *out, const float *q, size_t q
                             const int32_t *kv_rows, const int32_t *pos, int T, int S, int H,
                             int Hkv, int D, const en_attn_params *ap);
 
+/* Paged attention for n_seq sequences in one call (a serving step):
+ * sequence i's queries are rows tok_off[i] .. tok_off[i + 1] - 1 of q and
+ * out (positions pos[tok_off[i]] ..), its keys the n_keys[i] rows
+ * kv_rows[kv_off[i]] .. of k and v. Each (query, head) is computed as
+ * en_op_attention_rows_p computes it, so the result equals n_seq calls of
+ * that bit for bit; the backend may spread all sequences' rows over its
+ * threads at once (a decode step's sequences are one row each). Host
+ * arrays. */
+void en_op_attention_seqs_p(en_backend *be, float *out, const float *q, size_t q_stride,
+                            const float *k, const float *v, size_t kv_stride,
+                            const int32_t *kv_rows, const size_t *kv_off, const int *tok_off,
+                            const int *n_keys, const int32_t *pos, int n_seq, int H, int Hkv,
+                            int D, const en_attn_params *ap);
+
 /* Scatter rows: dst row rows[t] (of dst_stride floats) = src row t (of
  * src_stride floats), width floats each, for t < T. Rows are distinct. */
 void en_op_rows_scatter(en_backend *be, float *dst, size_t dst_stride, const int32_t *rows,

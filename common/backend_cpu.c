@@ -359,6 +359,23 @@ static void cpu_attention(en_backend *be, float *out, const float *q, size_t q_s
     cpu_attention_rows(be, out, q, q_stride, k, v, kv_stride, NULL, pos, T, S, H, Hkv, D, ap);
 }
 
+static void cpu_attention_seqs(en_backend *be, float *out, const float *q, size_t q_stride,
+                               const float *k, const float *v, size_t kv_stride,
+                               const int32_t *kv_rows, const size_t *kv_off, const int *tok_off,
+                               const int *n_keys, const int32_t *pos, int n_seq, int H, int Hkv,
+                               int D, const en_attn_params *ap) {
+    if (en_cpu_attention_seqs_fast(be, out, q, q_stride, k, v, kv_stride, kv_rows, kv_off,
+                                   tok_off, n_keys, pos, n_seq, H, Hkv, D, ap))
+        return;
+    for (int i = 0; i < n_seq; i++) {
+        const int t0 = tok_off[i], T = tok_off[i + 1] - t0;
+        if (T)
+            cpu_attention_rows(be, out + (size_t)t0 * H * D, q + (size_t)t0 * q_stride, q_stride,
+                               k, v, kv_stride, kv_rows + kv_off[i], pos + t0, T, n_keys[i], H,
+                               Hkv, D, ap);
+    }
+}
+
 /* rows NULL: key s at row s (en_op_attention); else at row rows[s]. Each
  * (query, head) is one attn_head call that depends on nothing else of the
  * batch, hence the batch invariance backend.h promises. */
@@ -1102,6 +1119,7 @@ static const en_backend_ops cpu_ops = {
     .add = cpu_add,
     .attention = cpu_attention,
     .attention_rows = cpu_attention_rows,
+    .attention_seqs = cpu_attention_seqs,
     .rows_scatter = cpu_rows_scatter,
     .cross_entropy = en_cpu_cross_entropy,
     .matmul_bwd = cpu_matmul_bwd,

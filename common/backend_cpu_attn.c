@@ -424,11 +424,18 @@ ATTN_AVX2 static void head_rows(float *o, const float *qh, const float *k, const
     }
     for (int d = 0; d < D; d++) o[d] = 0.0f;
     float sum = 0.0f;
+    const int D8 = D & ~7;
     for (s = s0; s <= s1; s++) {
         const float p = expf(sc[s - s0] - mx);
         const float *vh = v + ROW(s); /* (D) */
         sum += p;
-        for (int d = 0; d < D; d++) o[d] += p * vh[d];
+        /* o[d] += p * vh[d]: a product rounded, then the add (no FMA), per
+         * element as attn_head's loop, eight at a time */
+        const __m256 vp = _mm256_set1_ps(p);
+        for (int d = 0; d < D8; d += 8)
+            _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
+                                                  _mm256_mul_ps(vp, _mm256_loadu_ps(vh + d))));
+        for (int d = D8; d < D; d++) o[d] += p * vh[d];
     }
     const float inv = 1.0f / sum;
     for (int d = 0; d < D; d++) o[d] *= inv;
@@ -469,6 +476,56 @@ int en_cpu_attention_rows_fast(en_backend *be, float *out, const float *q, size_
 #else
     (void)be, (void)out, (void)q, (void)q_stride, (void)k, (void)v, (void)kv_stride;
     (void)rows, (void)pos, (void)T, (void)S, (void)H, (void)Hkv, (void)D, (void)ap;
+    return 0;
+#endif
+}
+
+/* en_op_attention_seqs_p: every (query, head) of all the sequences as one
+ * parallel loop (a decode step's sequences have one query each, too few
+ * for a loop of their own to wake the team), each item head_rows as in
+ * en_cpu_attention_rows_fast, so the same bits. Returns 0 (nothing done)
+ * where that function would. */
+int en_cpu_attention_seqs_fast(en_backend *be, float *out, const float *q, size_t q_stride,
+                               const float *k, const float *v, size_t kv_stride,
+                               const int32_t *kv_rows, const size_t *kv_off, const int *tok_off,
+                               const int *n_keys, const int32_t *pos, int n_seq, int H, int Hkv,
+                               int D, const en_attn_params *ap) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!en_cpu_w16_simd(be)) return 0;
+    int S_max = 0;
+    size_t work = 0;
+    for (int i = 0; i < n_seq; i++) {
+        if (n_keys[i] > S_max) S_max = n_keys[i];
+        work += (size_t)(tok_off[i + 1] - tok_off[i]) * (size_t)n_keys[i];
+    }
+    float *scratch = en_cpu_scratch(be, (size_t)be->n_threads * (size_t)S_max * sizeof(float));
+    if (!scratch) return 0;
+    const int group = H / Hkv, window = ap->window;
+    const float scale = ap->scale, cap = ap->softcap;
+    const long long n_items = (long long)tok_off[n_seq] * H;
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 4) \
+    if (work * (size_t)H * (size_t)D >= ATTN_PAR_MIN)
+    for (long long i = 0; i < n_items; i++) {
+        const int t = (int)(i / H), h = (int)(i % H), kvh = h / group;
+        int lo = 0, hi = n_seq - 1; /* the sequence of token t: tok_off[sq] <= t */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (tok_off[mid] <= t)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const int s1 = pos[t];
+        const int s0 = (window > 0 && s1 - window + 1 > 0) ? s1 - window + 1 : 0;
+        head_rows(out + (size_t)i * D, q + (size_t)t * q_stride + (size_t)h * D,
+                  k + (size_t)kvh * D, v + (size_t)kvh * D, kv_stride, kv_rows + kv_off[lo], s0,
+                  s1, D, scale, cap, scratch + (size_t)omp_get_thread_num() * (size_t)S_max);
+    }
+    return 1;
+#else
+    (void)be, (void)out, (void)q, (void)q_stride, (void)k, (void)v, (void)kv_stride;
+    (void)kv_rows, (void)kv_off, (void)tok_off, (void)n_keys, (void)pos, (void)n_seq, (void)H;
+    (void)Hkv, (void)D, (void)ap;
     return 0;
 #endif
 }

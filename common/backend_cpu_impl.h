@@ -161,6 +161,13 @@ int en_cpu_attention_rows_fast(en_backend *be, float *out, const float *q, size_
                                const float *k, const float *v, size_t kv_stride,
                                const int32_t *rows, const int32_t *pos, int T, int S, int H,
                                int Hkv, int D, const en_attn_params *ap);
+/* en_op_attention_seqs_p's fast path (backend_cpu_attn.c); 0 where
+ * en_cpu_attention_rows_fast would return 0. */
+int en_cpu_attention_seqs_fast(en_backend *be, float *out, const float *q, size_t q_stride,
+                               const float *k, const float *v, size_t kv_stride,
+                               const int32_t *kv_rows, const size_t *kv_off, const int *tok_off,
+                               const int *n_keys, const int32_t *pos, int n_seq, int H, int Hkv,
+                               int D, const en_attn_params *ap);
 
 /* backend_cpu_ce.c: cross-entropy and its gradient, vectorised. */
 void en_cpu_cross_entropy(en_backend *be, float *nll, const float *logits, const int32_t *target,

@@ -139,6 +139,12 @@ typedef struct en_backend_ops {
                            int M, int N, int K);
     void (*embedding_q)(en_backend *be, float *y, const void *table, int qfmt,
                         const int32_t *ids, int T, int C);
+    /* NULL: backend.c calls attention_rows per sequence */
+    void (*attention_seqs)(en_backend *be, float *out, const float *q, size_t q_stride,
+                           const float *k, const float *v, size_t kv_stride,
+                           const int32_t *kv_rows, const size_t *kv_off, const int *tok_off,
+                           const int *n_keys, const int32_t *pos, int n_seq, int H, int Hkv,
+                           int D, const en_attn_params *ap);
 } en_backend_ops;
 
 struct en_backend {

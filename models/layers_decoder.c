@@ -124,12 +124,9 @@ static void attention_fwd(const en_model *m, int l, int n, int n_seq, const int3
     if (pg) {
         en_op_rows_scatter(be, kc, (size_t)KVD, pg->store_rows, k_new, (size_t)KVD, n, KVD);
         en_op_rows_scatter(be, vc, (size_t)KVD, pg->store_rows, v_new, (size_t)KVD, n, KVD);
-        for (int sq = 0; sq < pg->n_seq; sq++) {
-            const int t0 = pg->tok_off[sq], nt = pg->tok_off[sq + 1] - t0;
-            en_op_attention_rows_p(be, a->att + (size_t)t0 * QD, a->q + (size_t)t0 * QD,
-                                   (size_t)QD, kc, vc, (size_t)KVD, pg->kv_rows + pg->kv_off[sq],
-                                   pos + t0, nt, pg->n_keys[sq], H, Hkv, D, &ap);
-        }
+        en_op_attention_seqs_p(be, a->att, a->q, (size_t)QD, kc, vc, (size_t)KVD, pg->kv_rows,
+                               pg->kv_off, pg->tok_off, pg->n_keys, pos, pg->n_seq, H, Hkv, D,
+                               &ap);
     }
     const int T = n / n_seq;
     for (int sq = 0; sq < n_seq && !pg; sq++) {

@@ -148,7 +148,11 @@ static void check_attention(en_backend *be, int T, int S, int H, int Hkv, int D,
     en_attn_params ap = {window, 1.0f / sqrtf((float)D), cap};
     nan_fill(o1, (size_t)T * H * D);
     nan_fill(o2, (size_t)T * H * D);
+    /* the reference: backend_cpu.c's scalar loop (the fast path off) */
+    const int simd = en_cpu_w16_simd(be);
+    en_cpu_w16_set_simd(be, 0);
     en_op_attention_rows_p(be, o1, q, q_stride, k, v, kv_stride, rows, pos, T, S, H, Hkv, D, &ap);
+    en_cpu_w16_set_simd(be, simd);
     if (!en_cpu_attention_rows_fast(be, o2, q, q_stride, k, v, kv_stride, rows, pos, T, S, H, Hkv,
                                     D, &ap)) {
         CHECK(!en_cpu_w16_simd(be), "the fast attention declined with AVX2 on");
@@ -163,6 +167,68 @@ static void check_attention(en_backend *be, int T, int S, int H, int Hkv, int D,
     free(v);
     free(o1);
     free(o2);
+    free(rows);
+    free(pos);
+}
+
+/* en_op_attention_seqs_p (all sequences of a step in one call) against
+ * one en_op_attention_rows_p per sequence with the fast path off: bit for
+ * bit, on the fast path and on the per-sequence fallback. Sequences of 0
+ * to 3 queries over 1 to 40 keys each, their rows scattered in one pool. */
+static void check_attention_seqs(en_backend *be, int n_seq, int H, int Hkv, int D, uint64_t seed) {
+    en_test_rng r = {seed};
+    int *tok_off = xmalloc((size_t)(n_seq + 1) * sizeof *tok_off);
+    int *n_keys = xmalloc((size_t)n_seq * sizeof *n_keys);
+    size_t *kv_off = xmalloc((size_t)n_seq * sizeof *kv_off);
+    tok_off[0] = 0;
+    size_t n_rows = 0;
+    for (int i = 0; i < n_seq; i++) {
+        n_keys[i] = 1 + (int)(en_test_rng_u64(&r) % 40);
+        const int T = (int)(en_test_rng_u64(&r) % 4);
+        tok_off[i + 1] = tok_off[i] + (T < n_keys[i] ? T : n_keys[i]);
+        kv_off[i] = n_rows;
+        n_rows += (size_t)n_keys[i];
+    }
+    const int NT = tok_off[n_seq], R = (int)n_rows + 5;
+    const size_t kv_stride = (size_t)Hkv * D + 1, q_stride = (size_t)H * D + 2;
+    const size_t no = (size_t)(NT ? NT : 1) * H * D;
+    float *q = rand_buf(&r, (size_t)(NT ? NT : 1) * q_stride), *k = rand_buf(&r, (size_t)R * kv_stride);
+    float *v = rand_buf(&r, (size_t)R * kv_stride);
+    float *o_ref = xmalloc(no * sizeof(float)), *o = xmalloc(no * sizeof(float));
+    int32_t *rows = xmalloc(n_rows * sizeof *rows), *pos = xmalloc((size_t)(NT ? NT : 1) * sizeof *pos);
+    for (size_t j = 0; j < n_rows; j++) rows[j] = (int32_t)((j * 7 + 2) % (size_t)R);
+    for (int i = 0; i < n_seq; i++)
+        for (int t = tok_off[i]; t < tok_off[i + 1]; t++)
+            pos[t] = n_keys[i] - (tok_off[i + 1] - t);
+    en_attn_params ap = {0, 1.0f / sqrtf((float)D), 0.0f};
+    const int simd = en_cpu_w16_simd(be);
+    nan_fill(o_ref, no);
+    en_cpu_w16_set_simd(be, 0);
+    for (int i = 0; i < n_seq; i++) {
+        const int t0 = tok_off[i];
+        en_op_attention_rows_p(be, o_ref + (size_t)t0 * H * D, q + (size_t)t0 * q_stride, q_stride,
+                               k, v, kv_stride, rows + kv_off[i], pos + t0, tok_off[i + 1] - t0,
+                               n_keys[i], H, Hkv, D, &ap);
+    }
+    for (int pass = 0; pass < 2; pass++) { /* fast path, then the fallback */
+        en_cpu_w16_set_simd(be, pass == 0 ? simd : 0);
+        nan_fill(o, no);
+        en_op_attention_seqs_p(be, o, q, q_stride, k, v, kv_stride, rows, kv_off, tok_off, n_keys,
+                               pos, n_seq, H, Hkv, D, &ap);
+        char what[96];
+        snprintf(what, sizeof what, "attention_seqs %d seqs H=%d/%d D=%d %s", n_seq, H, Hkv, D,
+                 pass == 0 ? "fast" : "fallback");
+        CHECK(count_diff(what, o_ref, o, (size_t)NT * H * D) == 0, "%s", what);
+    }
+    en_cpu_w16_set_simd(be, simd);
+    free(tok_off);
+    free(n_keys);
+    free(kv_off);
+    free(q);
+    free(k);
+    free(v);
+    free(o_ref);
+    free(o);
     free(rows);
     free(pos);
 }
@@ -286,6 +352,11 @@ int main(void) {
             check_attention(be2, 1, S, 4, 1, D, 6, 0.0f, seed++);
             check_attention(be2, S < 2 ? S : 2, S, 4, 2, D, 0, 30.0f, seed++);
         }
+    for (int n_seq = 1; n_seq <= 40; n_seq += 13) {
+        check_attention_seqs(be2, n_seq, 6, 6, 48, seed++);
+        check_attention_seqs(be1, n_seq, 4, 2, 20, seed++);
+        check_attention_seqs(be2, n_seq, 8, 2, 64, seed++);
+    }
     const char *b = getenv("EN_BENCH");
     if (b && b[0] == '1') {
         printf("batch-invariant matmul vs the dot4 loop, 1 thread, per CPU second:\n");
