@@ -79,10 +79,16 @@ void en_op_matmul(en_backend *be, float *y, const float *x, const float *w, cons
 
 static void wtype_check(int wtype) { EN_ASSERT(wtype == EN_WTYPE_BF16 || wtype == EN_WTYPE_F16); }
 
+/* A matmul's w: plain or interleaved by eights (N, K multiples of 8). */
+static void wtype_check_x8(int wtype, int N, int K) {
+    wtype_check(wtype & ~EN_WTYPE_X8);
+    if (wtype & EN_WTYPE_X8) EN_ASSERT(N % 8 == 0 && K % 8 == 0);
+}
+
 void en_op_matmul_w16(en_backend *be, float *y, const float *x, const uint16_t *w, int wtype,
                       const float *bias, int M, int N, int K) {
     EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
-    wtype_check(wtype);
+    wtype_check_x8(wtype, N, K);
     if (M == 0 || N == 0) return;
     EN_ASSERT(y != x);
     be->ops->matmul_w16(be, y, x, w, wtype, bias, M, N, K);
@@ -91,7 +97,7 @@ void en_op_matmul_w16(en_backend *be, float *y, const float *x, const uint16_t *
 void en_op_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const uint16_t *w,
                             int wtype, int M, int N, int K) {
     EN_ASSERT(M >= 0 && N >= 0 && K >= 0);
-    wtype_check(wtype);
+    wtype_check_x8(wtype, N, K);
     /* N = 0 adds nothing; K = 0 leaves dx empty. */
     if (M == 0 || N == 0 || K == 0 || !dx) return;
     EN_ASSERT(dx != dy);

@@ -123,6 +123,22 @@ typedef enum en_wtype {
     EN_WTYPE_F16 = 2,  /* IEEE 754 binary16 (5-bit exponent, 10-bit mantissa) */
 } en_wtype;
 
+/* Layout flag, ORed into wtype for en_op_matmul_w16 and _bwd_x (CPU
+ * backend only; never for embedding tables): w's rows interleaved by
+ * eights, N and K multiples of 8. Rows 8i..8i+7 occupy their 8K values as
+ * K/8 runs of 64: run j holds columns 8j..8j+7 of row 8i, then those of
+ * row 8i+1, ... 8i+7. Every result is the plain layout's bit for bit; the
+ * point is that the batch-1 kernel, which reads 8 rows at once, streams one
+ * run of memory instead of eight (1.3x its read rate on the machine this
+ * was written on). models/model.c holds 16-bit matrices this way on the
+ * CPU. */
+#define EN_WTYPE_X8 0x40
+/* w(N,K) (host memory, plain) interleaved in place; tmp: 8 K values of
+ * scratch. */
+void en_w16_interleave(uint16_t *w, int N, int K, uint16_t *tmp);
+/* dst(N,K) plain = src interleaved. */
+void en_w16_deinterleave(uint16_t *dst, const uint16_t *src, int N, int K);
+
 /* y(M,N) = x(M,K) · w(N,K)^T + bias(N): w holds bfloat16 or IEEE half bits
  * (wtype, an en_wtype: checked, abort otherwise); x, y, bias float32;
  * products and sums in float32. bias may be NULL. y must not alias x.

@@ -158,6 +158,30 @@ void en_w16_to_f32(float *dst, const uint16_t *src, size_t n, int wtype) {
         for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
 }
 
+/* ---- rows interleaved by eights (EN_WTYPE_X8) ---- */
+
+/* The 8 values of row n, columns k8..k8+7 (k8 a multiple of 8), of an
+ * interleaved (N, K) matrix. */
+static inline const uint16_t *x8_run(const uint16_t *w, int n, int k8, int K) {
+    return w + (size_t)(n & ~7) * K + (size_t)k8 * 8 + (size_t)(n & 7) * 8;
+}
+
+void en_w16_interleave(uint16_t *w, int N, int K, uint16_t *tmp) {
+    for (int n0 = 0; n0 + 8 <= N; n0 += 8) {
+        uint16_t *blk = w + (size_t)n0 * K;
+        memcpy(tmp, blk, (size_t)8 * K * sizeof *tmp);
+        for (int j = 0; j < K / 8; j++)
+            for (int r = 0; r < 8; r++)
+                memcpy(blk + (size_t)j * 64 + 8 * r, tmp + (size_t)r * K + 8 * j, 8 * sizeof *tmp);
+    }
+}
+
+void en_w16_deinterleave(uint16_t *dst, const uint16_t *src, int N, int K) {
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k + 8 <= K; k += 8)
+            memcpy(dst + (size_t)n * K + k, x8_run(src, n, k, K), 8 * sizeof *dst);
+}
+
 int en_cpu_w16_simd_available(void) {
 #if W16_X86
     __builtin_cpu_init();
@@ -202,6 +226,45 @@ static void gemv_rows_c(float *y, const float *x, const uint16_t *w, int wt, con
 /* dst(n) = widened src(n). */
 static void widen_c(float *dst, const uint16_t *src, int wt, int n) {
     for (int i = 0; i < n; i++) dst[i] = w16_to_f32(src[i], wt);
+}
+
+/* gemv_rows_c over an interleaved w (n0, n1 multiples of 8): dot_w16_c's
+ * operations, the values found run by run. */
+static void gemv_x8_c(float *y, const float *x, const uint16_t *w, int wt, const float *bias,
+                      int M, int N, int K, int n0, int n1) {
+    for (int n = n0; n < n1; n++)
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (size_t)m * K;
+            float a[8] = {0};
+            for (int k = 0; k < K; k += 8) {
+                const uint16_t *run = x8_run(w, n, k, K);
+                for (int j = 0; j < 8; j++) a[j] = fmaf(xm[k + j], w16_to_f32(run[j], wt), a[j]);
+            }
+            const float s = hsum8_c(a);
+            y[(size_t)m * N + n] = bias ? s + bias[n] : s;
+        }
+}
+
+/* dst(n) = widened columns k0..k0+n-1 of row r of an interleaved w (k0 and
+ * n multiples of 8). */
+static void widen_x8_c(float *dst, const uint16_t *w, int wt, int r, int K, int k0, int n) {
+    for (int k = 0; k < n; k += 8) {
+        const uint16_t *run = x8_run(w, r, k0 + k, K);
+        for (int j = 0; j < 8; j++) dst[k + j] = w16_to_f32(run[j], wt);
+    }
+}
+
+/* bwdx_cols_c over an interleaved w. */
+static void bwdx_cols_x8_c(float *dx, const float *dy, const uint16_t *w, int wt, int M, int N,
+                           int K, int k0, int k1) {
+    for (int m = 0; m < M; m++)
+        for (int k = k0; k < k1; k++) {
+            float acc = 0.0f;
+            for (int n = 0; n < N; n++)
+                acc = fmaf(dy[(size_t)m * N + n], w16_to_f32(x8_run(w, n, k & ~7, K)[k & 7], wt),
+                           acc);
+            dx[(size_t)m * K + k] += acc;
+        }
 }
 
 /* dx columns k0..k1-1 += dy w over all rows: per element a sum over n in
@@ -326,6 +389,53 @@ W16_AVX2 static void widen_avx2(float *dst, const uint16_t *src, int wt, int n) 
     for (; i < n; i++) dst[i] = w16_to_f32(src[i], wt);
 }
 
+/* gemv_rows_avx2 over an interleaved w: blocks of 8 rows (n0, n1 multiples
+ * of 8), each x row against the block's 8 rows with the same FMAs per
+ * element as gemv_tile_avx2, the block's runs read in order (one stream,
+ * prefetched X8_PF bytes ahead); the block (16 K bytes) stays in cache
+ * while the x rows pass by. */
+#define X8_PF 1024
+W16_AVX2 static inline __attribute__((always_inline)) void
+gemv_x8_avx2_t(float *y, const float *x, const uint16_t *w, int wt, const float *bias, int M,
+               int N, int K, int n0, int n1) {
+    for (int n = n0; n < n1; n += 8) {
+        const uint16_t *blk = w + (size_t)n * K;
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (size_t)m * K;
+            __m256 acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+            for (int k = 0; k < K; k += 8) {
+                const uint16_t *run = blk + (size_t)k * 8;
+                /* the address may lie past w's end: formed as an integer */
+                const uintptr_t pf = (uintptr_t)run + X8_PF;
+                __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)pf));
+                __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)(pf + 64)));
+                const __m256 xv = _mm256_loadu_ps(xm + k);
+                for (int r = 0; r < 8; r++)
+                    acc[r] = _mm256_fmadd_ps(xv, load8_w16(run + 8 * r, wt), acc[r]);
+            }
+            for (int r = 0; r < 8; r++) {
+                const float sum = hsum8_avx2(acc[r]);
+                y[(size_t)m * N + n + r] = bias ? sum + bias[n + r] : sum;
+            }
+        }
+    }
+}
+
+W16_AVX2 static void gemv_x8_avx2(float *y, const float *x, const uint16_t *w, int wt,
+                                  const float *bias, int M, int N, int K, int n0, int n1) {
+    if (wt == EN_WTYPE_BF16)
+        gemv_x8_avx2_t(y, x, w, EN_WTYPE_BF16, bias, M, N, K, n0, n1);
+    else
+        gemv_x8_avx2_t(y, x, w, EN_WTYPE_F16, bias, M, N, K, n0, n1);
+}
+
+W16_AVX2 static void widen_x8_avx2(float *dst, const uint16_t *w, int wt, int r, int K, int k0,
+                                   int n) {
+    for (int k = 0; k < n; k += 8)
+        _mm256_storeu_ps(dst + k, load8_w16(x8_run(w, r, k0 + k, K), wt));
+}
+
 /* dx rows m0..m0+MT-1, columns k0..k0+31 += sum_n dy[m][n] w[n][k]: four
  * vectors of w per row n, MT*4 accumulators. */
 W16_AVX2 static inline __attribute__((always_inline)) void
@@ -395,6 +505,34 @@ static void widen(int simd, float *dst, const uint16_t *src, int wt, int n) {
     widen_c(dst, src, wt, n);
 }
 
+static void gemv_x8(int simd, float *y, const float *x, const uint16_t *w, int wt,
+                    const float *bias, int M, int N, int K, int n0, int n1) {
+#if W16_X86
+    if (simd) {
+        gemv_x8_avx2(y, x, w, wt, bias, M, N, K, n0, n1);
+        return;
+    }
+#endif
+    (void)simd;
+    gemv_x8_c(y, x, w, wt, bias, M, N, K, n0, n1);
+}
+
+/* Row r of w (plain or interleaved, x8), columns k0..k0+n-1, widened. */
+static void widen_row(int simd, float *dst, const uint16_t *w, int wt, int x8, int r, int K,
+                      int k0, int n) {
+    if (!x8) {
+        widen(simd, dst, w + (size_t)r * K + k0, wt, n);
+        return;
+    }
+#if W16_X86
+    if (simd) {
+        widen_x8_avx2(dst, w, wt, r, K, k0, n);
+        return;
+    }
+#endif
+    widen_x8_c(dst, w, wt, r, K, k0, n);
+}
+
 static void bwdx_cols(int simd, float *dx, const float *dy, const uint16_t *w, int wt, int M,
                       int N, int K, int k0, int k1) {
 #if W16_X86
@@ -420,14 +558,18 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static void matmul_w16_gemv(en_backend *be, float *y, const float *x, const uint16_t *w, int wt,
                             const float *bias, int M, int N, int K) {
-    const int simd = en_cpu_w16_simd(be);
+    const int simd = en_cpu_w16_simd(be), x8 = wt & EN_WTYPE_X8;
+    wt &= ~EN_WTYPE_X8;
     const int NB = (N + W16_GEMV_ROWS - 1) / W16_GEMV_ROWS;
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \
     if ((size_t)N * (size_t)K >= CPU_PAR_MIN)
     for (int nb = 0; nb < NB; nb++) {
         const int n0 = nb * W16_GEMV_ROWS;
         const int n1 = n0 + W16_GEMV_ROWS < N ? n0 + W16_GEMV_ROWS : N;
-        gemv_rows(simd, y, x, w, wt, bias, M, N, K, n0, n1);
+        if (x8) /* W16_GEMV_ROWS = 8: one block of the layout */
+            gemv_x8(simd, y, x, w, wt, bias, M, N, K, n0, n1);
+        else
+            gemv_rows(simd, y, x, w, wt, bias, M, N, K, n0, n1);
     }
 }
 
@@ -437,7 +579,8 @@ static void matmul_w16_gemv(en_backend *be, float *y, const float *x, const uint
  * having done nothing, when there is no scratch. */
 static int matmul_w16_panels(en_backend *be, float *y, const float *x, const uint16_t *w, int wt,
                              const float *bias, int M, int N, int K) {
-    const int simd = en_cpu_w16_simd(be);
+    const int simd = en_cpu_w16_simd(be), x8 = wt & EN_WTYPE_X8;
+    wt &= ~EN_WTYPE_X8;
     const int P = W16_PANEL_ROWS;
     const size_t slice = round64((size_t)P * (size_t)K * sizeof(float));
     unsigned char *scr = en_cpu_scratch(be, (size_t)be->n_threads * slice);
@@ -450,8 +593,7 @@ static int matmul_w16_panels(en_backend *be, float *y, const float *x, const uin
     for (int p = 0; p < n_panels; p++) {
         const int n0 = p * P, pn = N - n0 < P ? N - n0 : P;
         float *buf = (float *)(scr + (size_t)omp_get_thread_num() * slice); /* (pn, K) */
-        for (int r = 0; r < pn; r++)
-            widen(simd, buf + (size_t)r * K, w + (size_t)(n0 + r) * K, wt, K);
+        for (int r = 0; r < pn; r++) widen_row(simd, buf + (size_t)r * K, w, wt, x8, n0 + r, K, 0, K);
         /* y(M, pn) at column n0 = x(M,K) · buf(pn,K)^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, pn, K, 1.0f, x, K, buf, K, 0.0f,
                     y + n0, N);
@@ -475,8 +617,9 @@ void en_cpu_matmul_w16(en_backend *be, float *y, const float *x, const uint16_t 
 
 void en_cpu_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const uint16_t *w,
                              int wtype, int M, int N, int K) {
-    const int simd = en_cpu_w16_simd(be);
-    if (M > W16_BWD_STREAM_MAX_M) {
+    const int simd = en_cpu_w16_simd(be), x8 = wtype & EN_WTYPE_X8;
+    wtype &= ~EN_WTYPE_X8;
+    if (M > W16_BWD_STREAM_MAX_M || x8) { /* interleaved: always the panels */
         /* Panels of W16_BWD_COLS columns of dx, one thread each; within
          * one, rows of w widened W16_BWD_ROWS at a time, and
          * dx[:, panel] += dy[:, rows] · buf by a single-threaded sgemm. */
@@ -493,8 +636,7 @@ void en_cpu_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const u
                 for (int n0 = 0; n0 < N; n0 += PR) {
                     const int nr = N - n0 < PR ? N - n0 : PR;
                     for (int r = 0; r < nr; r++)
-                        widen(simd, buf + (size_t)r * pc, w + (size_t)(n0 + r) * K + k0, wtype,
-                              pc);
+                        widen_row(simd, buf + (size_t)r * pc, w, wtype, x8, n0 + r, K, k0, pc);
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, pc, nr, 1.0f,
                                 dy + n0, N, buf, pc, 1.0f, dx + k0, K);
                 }
@@ -509,7 +651,10 @@ void en_cpu_matmul_w16_bwd_x(en_backend *be, float *dx, const float *dy, const u
     for (int b = 0; b < NB; b++) {
         const int k0 = b * W16_BWD_BLOCK;
         const int k1 = k0 + W16_BWD_BLOCK < K ? k0 + W16_BWD_BLOCK : K;
-        bwdx_cols(simd, dx, dy, w, wtype, M, N, K, k0, k1);
+        if (x8) /* only when the panels found no scratch */
+            bwdx_cols_x8_c(dx, dy, w, wtype, M, N, K, k0, k1);
+        else
+            bwdx_cols(simd, dx, dy, w, wtype, M, N, K, k0, k1);
     }
 }
 

@@ -17,7 +17,8 @@ void en_base_matmul(const en_model *m, float *y, const float *x, const float *w,
     if (q)
         en_op_matmul_q(m->be, y, x, w, q, b, M, N, K);
     else if (m->wtype)
-        en_op_matmul_w16(m->be, y, x, (const uint16_t *)(const void *)w, m->wtype, b, M, N, K);
+        en_op_matmul_w16(m->be, y, x, (const uint16_t *)(const void *)w, en_model_w16type(m, w), b,
+                         M, N, K);
     else
         en_op_matmul(m->be, y, x, w, b, M, N, K);
 }
@@ -77,7 +78,8 @@ void en_linear_bwd(en_grad_ctx *g, float *dx, float *dW, float *db, const float 
     if (q) /* a frozen quantised base: only the input gradient */
         en_op_matmul_q_bwd_x(be, dx, dy, W, q, M, N, K);
     else if (m->wtype) /* a frozen 16-bit base: only the input gradient */
-        en_op_matmul_w16_bwd_x(be, dx, dy, (const uint16_t *)(const void *)W, m->wtype, M, N, K);
+        en_op_matmul_w16_bwd_x(be, dx, dy, (const uint16_t *)(const void *)W,
+                               en_model_w16type(m, W), M, N, K);
     else
         en_op_matmul_bwd(be, dx, dW, db, dy, x, W, M, N, K);
     if (!lp) return;

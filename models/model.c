@@ -303,6 +303,36 @@ static void put_q(en_model *m, en_param_spec *sp, uint8_t *hq) {
     if (sp->slot) *sp->slot = (float *)(void *)(m->paramsq + sp->offset);
 }
 
+/* On the CPU a 16-bit matrix (not an embedding table, N and K multiples
+ * of 8, one rank) is held with its rows interleaved by eights, the layout
+ * the batch-1 kernel reads as one stream (backend.h EN_WTYPE_X8). Kept
+ * plain when the 8 rows of scratch cannot be had. */
+static void w16_interleave(en_model *m, en_param_spec *sp, uint16_t *h16) {
+    const int64_t N = sp->shape[0], K = sp->shape[1];
+    if (!en_backend_supports_quant(m->be) || m->tp_size > 1 || sp->n_dims != 2 || N % 8 ||
+        K % 8 || N <= 0 || (size_t)(N * K) != sp->n_elem || sp->slot == &m->w.tok_embd ||
+        sp->slot == &m->w.pos_embd)
+        return;
+    uint16_t *tmp = en_malloc((size_t)8 * (size_t)K * sizeof *tmp);
+    if (!tmp) return;
+    en_w16_interleave(h16, (int)N, (int)K, tmp);
+    en_free(tmp);
+    sp->w16x8 = 1;
+}
+
+/* dst(N,K) = the values of an interleaved 16-bit matrix, 8 rows at a time
+ * through dst's first 8 rows as scratch (each block's rows land after the
+ * rows already written, so nothing unread is overwritten). */
+static void w16x8_to_f32(const en_model *m, const en_param_spec *sp, float *dst,
+                         const uint16_t *src) {
+    const int N = (int)sp->shape[0], K = (int)sp->shape[1];
+    for (int n = 0; n < N; n += 8) {
+        uint16_t *rows = (uint16_t *)(void *)(dst + (size_t)n * K) + (size_t)8 * K; /* 2nd half */
+        en_w16_deinterleave(rows, src + (size_t)n * K, 8, K);
+        en_w16_to_f32(dst + (size_t)n * K, rows, (size_t)8 * K, m->wtype);
+    }
+}
+
 /* A tensor the checkpoint stores in the format the model holds it at: its
  * rows' bytes as they are (GGUF's q / k rows put back in Hugging Face's
  * order; a fused tensor's block from its first row), uploaded. hq: room
@@ -339,7 +369,8 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     full_shape(m, sp, &d0, &d1);
     src_tensor t;
     src_find(ss, name, &t); /* checked by check_tensor */
-    if (sp->qfmt && t.qsrc == (int)en_quant_base((en_quant_fmt)sp->qfmt)) return load_raw_q(m, sp, &t, (uint8_t *)staging);
+    if (sp->qfmt && t.qsrc == (int)en_quant_base((en_quant_fmt)sp->qfmt))
+        return load_raw_q(m, sp, &t, (uint8_t *)staging);
     EN_TRY(src_read(m, ss, &t, staging, staging + cap, err));
     float *whole = staging;
     if (sp->flags & EN_PARAM_TRANSPOSED) { /* (in, out) -> (out, in) */
@@ -362,6 +393,7 @@ static en_status load_tensor(en_model *m, const shard_set *ss, en_param_spec *sp
     if (sp->w16) { /* narrowed on the host, uploaded at 16 bits (staging's first part is free) */
         uint16_t *h16 = (uint16_t *)staging;
         en_f32_to_w16(h16, dst, sp->n_elem, m->wtype);
+        w16_interleave(m, sp, h16);
         uint16_t *p16 = m->params16 + sp->offset;
         en_backend_upload(m->be, p16, h16, sp->n_elem * sizeof(uint16_t));
         if (sp->slot) *sp->slot = (float *)(void *)p16; /* read through the _w16 ops */
@@ -781,6 +813,8 @@ en_status en_model_save_safetensors(const en_model *m, const char *path, en_err 
         if (sp->qfmt) /* the values the blocks stand for */
             en_dequantize_rows((en_quant_fmt)sp->qfmt, host + specs[i].offset, hq + sp->offset,
                                (int)sp->shape[0], (int)sp->shape[1]);
+        else if (sp->w16 && sp->w16x8) /* back to rows, then widened */
+            w16x8_to_f32(m, sp, host + specs[i].offset, h16 + sp->offset);
         else if (sp->w16)
             en_w16_to_f32(host + specs[i].offset, h16 + sp->offset, sp->n_elem, m->wtype);
         else

@@ -74,6 +74,8 @@ typedef struct en_param_spec {
                        elements of params16 instead of floats of params */
     int qfmt;       /* held block-quantised (an en_quant_fmt, 0: not): offset
                        counts bytes of paramsq (quantized.c) */
+    int w16x8;      /* a 16-bit matrix held with rows interleaved by eights
+                       (EN_WTYPE_X8: the CPU's decode layout) */
     /* A block of a fused checkpoint tensor (src[0] != 0): its rows start at
      * row src_row0 of the file tensor named src, which has src_rows rows
      * (in the model's orientation) in all; whole-model counts, set by
@@ -125,8 +127,13 @@ struct en_model {
 
 typedef struct en_qref {
     const void *p;
-    int fmt; /* en_quant_fmt */
+    int fmt;   /* en_quant_fmt; 0 for a 16-bit matrix held interleaved */
+    int w16x8; /* that 16-bit matrix */
 } en_qref;
+
+/* The wtype to pass the _w16 matmul ops for the 16-bit matrix at w: the
+ * model's, with EN_WTYPE_X8 when that matrix is held interleaved. */
+int en_model_w16type(const en_model *m, const void *w);
 
 /* The format of the quantised weight at w (an en_quant_fmt), or 0 when w
  * is a float32 or 16-bit tensor. */

@@ -24,19 +24,29 @@
 #include "../common/quant.h"
 #include "model_impl.h"
 
-int en_model_qfmt(const en_model *m, const void *w) {
+static const en_qref *find_qref(const en_model *m, const void *w) {
     int lo = 0, hi = m->n_qrefs - 1;
     const uintptr_t p = (uintptr_t)w;
     while (lo <= hi) {
         const int mid = lo + (hi - lo) / 2;
         const uintptr_t q = (uintptr_t)m->qrefs[mid].p;
-        if (q == p) return m->qrefs[mid].fmt;
+        if (q == p) return &m->qrefs[mid];
         if (q < p)
             lo = mid + 1;
         else
             hi = mid - 1;
     }
-    return 0;
+    return NULL;
+}
+
+int en_model_qfmt(const en_model *m, const void *w) {
+    const en_qref *r = find_qref(m, w);
+    return r ? r->fmt : 0;
+}
+
+int en_model_w16type(const en_model *m, const void *w) {
+    const en_qref *r = m->n_qrefs ? find_qref(m, w) : NULL;
+    return m->wtype | (r && r->w16x8 ? EN_WTYPE_X8 : 0);
 }
 
 static int weights_fmt(int weights) {
@@ -107,7 +117,7 @@ static en_status tied_output(en_model *m, int fmt, en_err *err) {
 
 en_status en_model_quant_finish(en_model *m, int output, en_err *err) {
     int n = 0;
-    for (int i = 0; i < m->n_specs; i++) n += m->specs[i].qfmt != 0;
+    for (int i = 0; i < m->n_specs; i++) n += m->specs[i].qfmt != 0 || m->specs[i].w16x8;
     if (m->hp.tie_embeddings && output && !en_model_qfmt(m, m->w.tok_embd) && !m->wtype) {
         int embd_q = 0;
         for (int i = 0; i < m->n_specs; i++)
@@ -121,6 +131,9 @@ en_status en_model_quant_finish(en_model *m, int output, en_err *err) {
         if (m->specs[i].qfmt) {
             m->qrefs[k].p = m->paramsq + m->specs[i].offset;
             m->qrefs[k++].fmt = m->specs[i].qfmt;
+        } else if (m->specs[i].w16x8) {
+            m->qrefs[k].p = m->params16 + m->specs[i].offset;
+            m->qrefs[k++].w16x8 = 1;
         }
     if (m->lm_head_q) {
         m->qrefs[k].p = m->lm_head_q;

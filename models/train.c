@@ -439,7 +439,8 @@ static en_status run(en_train *t, const int32_t *inputs, const int32_t *targets,
                                  V, C);
         else if (m->wtype) /* a frozen 16-bit output matrix (LoRA) */
             en_op_matmul_w16_bwd_x(be, t->dxf + (size_t)r0 * C, t->logits,
-                                   (const uint16_t *)(const void *)m->w.lm_head, m->wtype, rows, V,
+                                   (const uint16_t *)(const void *)m->w.lm_head,
+                                   en_model_w16type(m, m->w.lm_head), rows, V,
                                    C);
         else
             en_op_matmul_bwd(be, t->dxf + (size_t)r0 * C, dWlm, NULL, t->logits, xf,

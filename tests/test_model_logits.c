@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "../common/safetensors.h"
 #include "../models/model.h"
 #include "test_util.h"
 
@@ -64,6 +66,45 @@ static const model_case k_models[] = {
     {"llama_bf16", "logits.bin", 0, EN_WEIGHTS_AUTO},
     {"llama_f16", "logits.bin", 0, EN_WEIGHTS_AUTO},
 };
+
+/* A model held at 16 bits (its matrices interleaved by eights on the CPU,
+ * backend.h EN_WTYPE_X8) saved as float32: every tensor of the file it was
+ * loaded from comes back with the same values, bit for bit. */
+static void check_saved_values(const char *name, const char *dir, const en_model *m) {
+    char src[1100], out[256];
+    snprintf(src, sizeof src, "%s/model.safetensors", dir);
+    snprintf(out, sizeof out, "/tmp/energon_test_saved_%d.safetensors", (int)getpid());
+    en_err err = {0};
+    en_st_file a = {0}, b = {0};
+    CHECK(en_model_save_safetensors(m, out, &err) == EN_OK, "%s: save: %s", name, err.msg);
+    if (en_st_open(src, &a, &err) != EN_OK || en_st_open(out, &b, &err) != EN_OK) {
+        CHECK(0, "%s: reading back: %s", name, err.msg);
+        en_st_close(&a);
+        remove(out);
+        return;
+    }
+    int same = 0;
+    for (int i = 0; i < a.n_tensors; i++) {
+        const en_st_tensor *ta = &a.tensors[i], *tb = en_st_find(&b, ta->name);
+        if (!tb || tb->n_elem != ta->n_elem) {
+            CHECK(0, "%s: %s missing from the saved file", name, ta->name);
+            continue;
+        }
+        float *fa = malloc((size_t)ta->n_elem * sizeof *fa), *fb = malloc((size_t)ta->n_elem * sizeof *fb);
+        if (fa && fb && en_st_to_f32(ta, fa, &err) == EN_OK && en_st_to_f32(tb, fb, &err) == EN_OK) {
+            const int eq = memcmp(fa, fb, (size_t)ta->n_elem * sizeof *fa) == 0;
+            CHECK(eq, "%s: %s saved with other values", name, ta->name);
+            same += eq;
+        }
+        free(fa);
+        free(fb);
+    }
+    printf("  %-15s saved as float32: %d of %d tensors bit-identical to the checkpoint\n", name,
+           same, a.n_tensors);
+    en_st_close(&a);
+    en_st_close(&b);
+    remove(out);
+}
 
 /* Sum over t >= 1 of -log softmax(ref[t-1])[ids[t]], in float64. */
 static double ref_nll(const en_test_logits *fx) {
@@ -207,6 +248,8 @@ determinism:
     CHECK(s == EN_OK, "%s: second forward: %s", name, err.msg);
     CHECK(memcmp(full, full2, TV * sizeof(float)) == 0,
           "%s: two identical runs gave different logits", name);
+
+    if (mc->weights == EN_WEIGHTS_AUTO) check_saved_values(name, dir, m);
 
 done:
     en_ctx_destroy(c_chunk);

@@ -422,6 +422,69 @@ static void test_invariant(const backends *bs, en_test_rng *r, int wt, int M, in
     free(x), free(w), free(wv), free(bias), free(ref);
 }
 
+/* The interleaved layout (EN_WTYPE_X8): the plain bits back from
+ * en_w16_deinterleave; matmul equal to the plain layout's bit for bit on
+ * 1 and 2 threads, AVX2 and C, batch-invariant or not; bwd_x against the
+ * float64 reference, 1 vs 2 threads and AVX2 vs C bit for bit, and equal
+ * to the plain layout where both take the panels (M > 8). */
+static void test_x8(const backends *bs, en_test_rng *r, int wt, int M, int N, int K) {
+    char name[128];
+    snprintf(name, sizeof name, "x8 %s M=%d N=%d K=%d", wnames[wt], M, N, K);
+    const int w8 = wt | EN_WTYPE_X8;
+    float *x = rand_buf(r, (size_t)M * K, -1, 1), *bias = rand_buf(r, (size_t)N, -1, 1);
+    float *dy = rand_buf(r, (size_t)M * N, -1, 1);
+    double *wv;
+    uint16_t *w = rand_w16(r, (size_t)N * K, wt, &wv);
+    uint16_t *wi = xmalloc((size_t)N * K * sizeof *wi), *back = xmalloc((size_t)N * K * sizeof *wi);
+    uint16_t *tmp = xmalloc((size_t)8 * K * sizeof *tmp);
+    memcpy(wi, w, (size_t)N * K * sizeof *wi);
+    en_w16_interleave(wi, N, K, tmp);
+    en_w16_deinterleave(back, wi, N, K);
+    CHECK(memcmp(back, w, (size_t)N * K * sizeof *w) == 0, "%s: deinterleave", name);
+    const size_t ny = (size_t)M * N, nx = (size_t)M * K;
+    float *yp = nan_buf(ny), *yi = nan_buf(ny);
+    for (int inv = 0; inv < 2; inv++)
+        for (int v = 0; v < 3; v++) { /* 1 thread, 2 threads, 2 threads C */
+            en_backend *be = bs->be[v > 0];
+            if (v == 2 && !bs->simd) continue;
+            en_backend_set_batch_invariant(be, inv);
+            if (v == 2) en_cpu_w16_set_simd(be, 0);
+            en_op_matmul_w16(be, yp, x, w, wt, bias, M, N, K);
+            en_op_matmul_w16(be, yi, x, wi, w8, bias, M, N, K);
+            if (v == 2) en_cpu_w16_set_simd(be, 1);
+            en_backend_set_batch_invariant(be, 0);
+            check_same(name, inv ? "matmul, invariant: x8 and plain" : "matmul: x8 and plain", yp,
+                       yi, ny);
+        }
+    double *ref = xmalloc(nx * sizeof *ref);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) {
+            double sum = 0.0;
+            for (int n = 0; n < N; n++) sum += (double)dy[(size_t)m * N + n] * wv[(size_t)n * K + k];
+            ref[(size_t)m * K + k] = sum;
+        }
+    float *dxp = xmalloc(nx * sizeof(float)), *dxi[3];
+    memset(dxp, 0, nx * sizeof(float));
+    en_op_matmul_w16_bwd_x(bs->be[1], dxp, dy, w, wt, M, N, K);
+    for (int v = 0; v < 3; v++) {
+        dxi[v] = xmalloc(nx * sizeof(float));
+        memset(dxi[v], 0, nx * sizeof(float));
+        if (v == 2 && !bs->simd) {
+            memcpy(dxi[v], dxi[1], nx * sizeof(float));
+            continue;
+        }
+        if (v == 2) en_cpu_w16_set_simd(bs->be[1], 0);
+        en_op_matmul_w16_bwd_x(bs->be[v > 0], dxi[v], dy, wi, w8, M, N, K);
+        if (v == 2) en_cpu_w16_set_simd(bs->be[1], 1);
+    }
+    en_test_close_f64(name, dxi[0], ref, nx, ATOL + MM_ATOL_K * N, RTOL);
+    check_same(name, "bwd_x x8, 1 and 2 threads", dxi[0], dxi[1], nx);
+    check_same(name, "bwd_x x8, AVX2 and C", dxi[1], dxi[2], nx);
+    if (M > 8) check_same(name, "bwd_x x8 and plain (panels)", dxi[1], dxp, nx);
+    free(x), free(bias), free(dy), free(w), free(wv), free(wi), free(back), free(tmp);
+    free(yp), free(yi), free(ref), free(dxp), free(dxi[0]), free(dxi[1]), free(dxi[2]);
+}
+
 static void test_embedding_w16(const backends *bs, en_test_rng *r, int wt, int V, int C, int T) {
     char name[128];
     snprintf(name, sizeof name, "embedding_w16 %s V=%d C=%d T=%d", wnames[wt], V, C, T);
@@ -520,6 +583,12 @@ int main(void) {
         test_bwd_x(&bs, &r, wt, 1, 1, 1);
         test_bwd_x(&bs, &r, wt, 9, 1100, 300); /* several row chunks and column panels */
         test_bwd_x(&bs, &r, wt, 8, 70, 96);    /* the largest streamed M; whole blocks only */
+        static const int Mx[] = {1, 2, 9, 16, 17, 40};
+        for (size_t j = 0; j < sizeof Mx / sizeof *Mx; j++) {
+            test_x8(&bs, &r, wt, Mx[j], 8, 8);
+            test_x8(&bs, &r, wt, Mx[j], 64, 96);
+            test_x8(&bs, &r, wt, Mx[j], 264, 1032); /* several panels and prefetch past the end */
+        }
         test_invariant(&bs, &r, wt, 37, 131, 77);
         test_invariant(&bs, &r, wt, 64, 33, 259);
         test_embedding_w16(&bs, &r, wt, 1, 1, 1);
