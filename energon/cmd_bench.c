@@ -40,7 +40,7 @@ static void usage(FILE *f) {
                "                 BLAS path a batch takes otherwise)\n"
                "  --repeats R    measurements; the median is reported (default 5)\n"
                "  --threads N    CPU threads\n"
-               "  --weights W    auto | f32 | bf16 | f16 | q8 | q4: weight matrices in\n"
+               "  --weights W    auto | f32 | bf16 | f16 | q8 | q4 | q4_1: weight matrices in\n"
                "                 memory (--dtype: the older name)\n"
                "  --json         one JSON object per line\n");
 }

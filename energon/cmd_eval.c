@@ -20,14 +20,17 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: energon eval --model DIR|FILE.gguf --data FILE [--adapter DIR] [--ctx N]\n"
-               "                   [--dtype D] [--json] [--threads N]\n"
+               "                   [--weights W] [--json] [--threads N]\n"
                "\n"
                "Score FILE (UTF-8 text; .gz is decompressed) with the model and print the\n"
                "token count, mean negative log-likelihood per token (nats) and perplexity.\n"
                "  --adapter DIR  a LoRA adapter (a fine-tuning run or PEFT directory)\n"
                "  --ctx N        window length in tokens (default: model maximum, <= 4096)\n"
-               "  --dtype D      auto | f32 | bf16 | f16: width of the weight matrices in\n"
-               "                 memory (default auto: as the checkpoint stores them)\n"
+               "  --weights W    auto | f32 | bf16 | f16 | q8 | q4 | q4_1: weight matrices\n"
+               "                 in memory (default auto: as the checkpoint stores them;\n"
+               "                 --dtype: the older name; docs/quantization.md)\n"
+               "  --output-weights W  with q8|q4|q4_1: f32 | q8 | q4 | q4_1 for the output\n"
+               "                 projection (default q8)\n"
                "  --json         print {\"tokens\":N,\"nll\":X,\"ppl\":Y}\n");
 }
 

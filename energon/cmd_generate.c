@@ -45,8 +45,11 @@ static void usage(FILE *f) {
             "                      finish_reason} instead of streaming\n"
             "  --threads N         CPU threads\n"
             "  --device cpu|cuda   compute device (default cpu)\n"
-            "  --dtype D           auto | f32 | bf16 | f16: width of the weight matrices\n"
-            "                      in memory (default auto: as the checkpoint stores them)\n"
+            "  --weights W         auto | f32 | bf16 | f16 | q8 | q4 | q4_1: weight matrices\n"
+            "                      in memory (default auto: as the checkpoint stores them;\n"
+            "                      --dtype: the older name; docs/quantization.md)\n"
+            "  --output-weights W  with q8|q4|q4_1: f32 | q8 | q4 | q4_1 for the output\n"
+            "                      projection (default q8)\n"
             "  --precision P       fp32 | tf32 | bf16: matmul arithmetic (default bf16 on\n"
             "                      cuda; the CPU has fp32 only)\n",
             MAX_STOPS);
