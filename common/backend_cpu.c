@@ -292,14 +292,13 @@ static void cpu_add(en_backend *be, float *y, const float *a, const float *b, si
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
-/* q·k * scale, summed in index order, then the soft-cap when cap > 0:
- * cap tanh(x / cap), in Hugging Face's order (Gemma 2: divide, tanh,
+/* q·k * scale (q·k as en_cpu_score_dot sums it, 8 lanes then a fixed
+ * order, as the AVX2 decode attention does), then the soft-cap when cap >
+ * 0: cap tanh(x / cap), in Hugging Face's order (Gemma 2: divide, tanh,
  * multiply). Every forward path goes through this one function, so a
  * recomputed score equals the stored one. */
 static inline float attn_score(const float *qh, const float *kh, int D, float scale, float cap) {
-    float dot = 0.0f;
-    for (int d = 0; d < D; d++) dot += qh[d] * kh[d];
-    const float x = dot * scale;
+    const float x = en_cpu_score_dot(qh, kh, D) * scale;
     return cap > 0.0f ? tanhf(x / cap) * cap : x;
 }
 

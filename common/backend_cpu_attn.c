@@ -341,18 +341,33 @@ int en_cpu_attention_bwd_gemm(en_backend *be, float *dq, float *dk, float *dv, c
     return 1;
 }
 
+/* q.k as every forward path computes an attention score: 8 partial sums
+ * (lane j takes d = j, j + 8, ... by fmaf), added pairwise ((a0 + a4) +
+ * (a2 + a6)) + ((a1 + a5) + (a3 + a7)), then the D % 8 tail in order by
+ * fmaf. The AVX2 scores below are this bit for bit (8 FMA lanes). */
+float en_cpu_score_dot(const float *q, const float *k, int D) {
+    float a[8] = {0};
+    const int D8 = D & ~7;
+    for (int d = 0; d < D8; d += 8)
+        for (int j = 0; j < 8; j++) a[j] = fmaf(q[d + j], k[d + j], a[j]);
+    const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+    float s = (t0 + t2) + (t1 + t3);
+    for (int d = D8; d < D; d++) s = fmaf(q[d], k[d], s);
+    return s;
+}
+
 /* ---- decode and paged attention: scores eight keys at a time ----
  *
- * backend_cpu.c's attn_head sums each score q.k in index order, a chain of
- * D dependent adds (D = 48: ~150 cycles of latency per key), which made
- * the server's decode attention a sixth of its step (issue 13). The same
- * chain for eight keys at once, one key per AVX lane: eight key rows are
- * loaded eight floats at a time and transposed, so that each step of the
- * chain is one vector multiply and one vector add, for eight keys. The
- * arithmetic of each score (products rounded, then added in index order,
- * from 0.0f; times scale; then the soft-cap) is attn_score's, and the
- * softmax and the weighted sum of V are attn_head's loops, so the output
- * is attn_head's bit for bit (tests/test_matmul_inv.c checks it). */
+ * A score q.k is en_cpu_score_dot's sum (8 FMA lanes over d, then a fixed
+ * pairwise order): here eight keys at a time, one accumulator vector per
+ * key, their eight sums reduced together by one transposing add. (Until
+ * issue 13's serving work the score was summed in index order, a chain of
+ * D dependent adds that took a transpose of the keys to vectorise; the
+ * server's decode attention was a quarter of its step.) Then attn_head's
+ * softmax (expf of each score minus the max, summed in key order) and its
+ * weighted sum of V (product rounded, then the add, per element), with the
+ * output vectors in registers for D = 32, 48 and 64. So the output is
+ * attn_head's bit for bit (tests/test_matmul_inv.c checks it). */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -378,25 +393,70 @@ ATTN_AVX2 static inline void transpose8(__m256 r[8]) {
     }
 }
 
-/* Unscaled scores q.k of the eight keys at kp[0..7] (D floats each) into
- * sc[0..7], each summed in index order from 0.0f. */
-ATTN_AVX2 static void scores8(float *sc, const float *qh, const float *const kp[8], int D) {
-    __m256 acc = _mm256_setzero_ps();
-    int d0 = 0;
-    for (; d0 + 8 <= D; d0 += 8) {
-        __m256 r[8];
-        for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(kp[j] + d0);
-        transpose8(r);
-        for (int d = 0; d < 8; d++)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(qh[d0 + d]), r[d]));
-    }
-    for (int d = d0; d < D; d++) {
-        const __m256 kd = _mm256_setr_ps(kp[0][d], kp[1][d], kp[2][d], kp[3][d], kp[4][d],
-                                         kp[5][d], kp[6][d], kp[7][d]);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(qh[d]), kd));
-    }
-    _mm256_storeu_ps(sc, acc);
+/* Eight sums of 8 lanes each, t[j] -> out[j], in en_cpu_score_dot's order:
+ * per vector ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */
+ATTN_AVX2 static inline void hsum8x8(const __m256 t[8], float out[8]) {
+    __m256 u[4], v[2];
+    for (int p = 0; p < 4; p++) /* [a_i + a_{i+4}] of t[2p] | of t[2p+1] */
+        u[p] = _mm256_add_ps(_mm256_permute2f128_ps(t[2 * p], t[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(t[2 * p], t[2 * p + 1], 0x31));
+    for (int q = 0; q < 2; q++) /* [(0+4)+(2+6), (1+5)+(3+7)] of two vectors, per 128-bit lane */
+        v[q] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * q], u[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(u[2 * q], u[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* w = [t0 t2 t4 t6 | t1 t3 t5 t7] */
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
+
+/* Unscaled scores q.k of the eight keys at kp[0..7] (D floats each) into
+ * sc[0..7], each as en_cpu_score_dot computes it: 8 FMA lanes over d, the
+ * fixed pairwise sum, then the D % 8 tail in order. */
+ATTN_AVX2 static void scores8(float *sc, const float *qh, const float *const kp[8], int D) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    const int D8 = D & ~7;
+    for (int d = 0; d < D8; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qh + d);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp[j] + d), acc[j]);
+    }
+    hsum8x8(acc, sc);
+    for (int j = 0; j < 8 && D8 < D; j++)
+        for (int d = D8; d < D; d++) sc[j] = fmaf(qh[d], kp[j][d], sc[j]);
+}
+
+/* One key's score, the same operations. */
+ATTN_AVX2 static float score1(const float *qh, const float *kh, int D) {
+    __m256 acc = _mm256_setzero_ps();
+    const int D8 = D & ~7;
+    for (int d = 0; d < D8; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kh + d), acc);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    float s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+    for (int d = D8; d < D; d++) s = fmaf(qh[d], kh[d], s);
+    return s;
+}
+
+/* o[0..8 ND) += p * vh[..] for every key (a product rounded, then the add,
+ * per element: attn_head's loop), the ND vectors of o in registers. */
+#define V_SUM(ND)                                                                                  \
+    ATTN_AVX2 static void v_sum_##ND(float *o, const float *v, size_t kv_stride,                  \
+                                     const int32_t *rows, int s0, int s1, const float *p) {       \
+        __m256 acc[ND];                                                                            \
+        for (int c = 0; c < ND; c++) acc[c] = _mm256_setzero_ps();                                 \
+        for (int s = s0; s <= s1; s++) {                                                           \
+            const float *vh = v + (size_t)(rows ? rows[s] : s) * kv_stride;                        \
+            const __m256 vp = _mm256_set1_ps(p[s - s0]);                                           \
+            for (int c = 0; c < ND; c++)                                                           \
+                acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(vp, _mm256_loadu_ps(vh + 8 * c)));    \
+        }                                                                                          \
+        for (int c = 0; c < ND; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);                          \
+    }
+V_SUM(4)
+V_SUM(6)
+V_SUM(8)
+#undef V_SUM
 
 /* One (query, head) as attn_head computes it, keys s0..s1 at rows rows[s]
  * (or s); sc: s1 - s0 + 1 floats of scratch. */
@@ -410,32 +470,37 @@ ATTN_AVX2 static void head_rows(float *o, const float *qh, const float *k, const
         for (int j = 0; j < 8; j++) kp[j] = k + ROW(s + j);
         scores8(sc + (s - s0), qh, kp, D);
     }
-    for (; s <= s1; s++) { /* attn_score's loop */
-        const float *kh = k + ROW(s);
-        float dot = 0.0f;
-        for (int d = 0; d < D; d++) dot += qh[d] * kh[d];
-        sc[s - s0] = dot;
-    }
+    for (; s <= s1; s++) sc[s - s0] = score1(qh, k + ROW(s), D);
     float mx = -INFINITY;
     for (int i = 0; i <= s1 - s0; i++) {
         const float x = sc[i] * scale;
         sc[i] = cap > 0.0f ? tanhf(x / cap) * cap : x;
         if (sc[i] > mx) mx = sc[i];
     }
-    for (int d = 0; d < D; d++) o[d] = 0.0f;
+    /* the weights, then the weighted sum of V (sc now holds the weights) */
     float sum = 0.0f;
-    const int D8 = D & ~7;
-    for (s = s0; s <= s1; s++) {
-        const float p = expf(sc[s - s0] - mx);
-        const float *vh = v + ROW(s); /* (D) */
-        sum += p;
-        /* o[d] += p * vh[d]: a product rounded, then the add (no FMA), per
-         * element as attn_head's loop, eight at a time */
-        const __m256 vp = _mm256_set1_ps(p);
-        for (int d = 0; d < D8; d += 8)
-            _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
-                                                  _mm256_mul_ps(vp, _mm256_loadu_ps(vh + d))));
-        for (int d = D8; d < D; d++) o[d] += p * vh[d];
+    for (int i = 0; i <= s1 - s0; i++) {
+        sc[i] = expf(sc[i] - mx);
+        sum += sc[i];
+    }
+    if (D == 32 || D == 48 || D == 64) {
+        if (D == 32) v_sum_4(o, v, kv_stride, rows, s0, s1, sc);
+        else if (D == 48) v_sum_6(o, v, kv_stride, rows, s0, s1, sc);
+        else v_sum_8(o, v, kv_stride, rows, s0, s1, sc);
+    } else {
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        const int D8 = D & ~7;
+        for (s = s0; s <= s1; s++) {
+            const float p = sc[s - s0];
+            const float *vh = v + ROW(s); /* (D) */
+            /* o[d] += p * vh[d]: a product rounded, then the add (no FMA),
+             * per element as attn_head's loop, eight at a time */
+            const __m256 vp = _mm256_set1_ps(p);
+            for (int d = 0; d < D8; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
+                                                      _mm256_mul_ps(vp, _mm256_loadu_ps(vh + d))));
+            for (int d = D8; d < D; d++) o[d] += p * vh[d];
+        }
     }
     const float inv = 1.0f / sum;
     for (int d = 0; d < D; d++) o[d] *= inv;

@@ -161,6 +161,9 @@ int en_cpu_attention_rows_fast(en_backend *be, float *out, const float *q, size_
                                const float *k, const float *v, size_t kv_stride,
                                const int32_t *rows, const int32_t *pos, int T, int S, int H,
                                int Hkv, int D, const en_attn_params *ap);
+/* An attention score's q.k (backend_cpu_attn.c): 8 FMA lanes over d, a
+ * fixed pairwise sum, the D % 8 tail in order. */
+float en_cpu_score_dot(const float *q, const float *k, int D);
 /* en_op_attention_seqs_p's fast path (backend_cpu_attn.c); 0 where
  * en_cpu_attention_rows_fast would return 0. */
 int en_cpu_attention_seqs_fast(en_backend *be, float *out, const float *q, size_t q_stride,
