@@ -33,8 +33,8 @@ static void usage(FILE *f) {
             "\n"
             "Serve the model in DIR (a Hugging Face directory with tokenizer.json or\n"
             "tokenizer.model) over an OpenAI-compatible HTTP API: /v1/chat/completions,\n"
-            "/v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize and a\n"
-            "chat page at /.\n"
+            "/v1/completions, /v1/embeddings, /v1/models, /health, /metrics, /tokenize,\n"
+            "/detokenize and a chat page at /.\n"
             "\n"
             "  --adapter RUN_DIR       a LoRA adapter (run directory or PEFT directory)\n"
             "  --host ADDR             address to bind (default 127.0.0.1: this machine only)\n"
@@ -57,6 +57,8 @@ static void usage(FILE *f) {
             "  --timeout S             idle / half-sent request timeout (default 30)\n"
             "  --max-connections N     open connections (default 512)\n"
             "  --grace S               on SIGTERM, time for running requests (default 30)\n"
+            "  --embedding-pooling P   mean | last: how /v1/embeddings pools the final\n"
+            "                          hidden states of an input's tokens (default mean)\n"
             "  --quiet                 no per-request log lines\n"
             "  --threads N             CPU threads\n"
             "  --device cpu|cuda       compute device (default cpu)\n"
@@ -172,6 +174,15 @@ int en_cmd_serve(int argc, char **argv) {
                 bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--grace", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--grace", v, 0, 86400, &grace)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--embedding-pooling", &v, &bad)) {
+            if (!bad && strcmp(v, "mean") == 0) {
+                sc.embedding_pooling = EN_EMBED_MEAN;
+            } else if (!bad && strcmp(v, "last") == 0) {
+                sc.embedding_pooling = EN_EMBED_LAST;
+            } else if (!bad) {
+                en_cli_error(CMD, "--embedding-pooling: '%s' is not mean or last", v);
+                bad = 1;
+            }
         } else if (en_cli_switch(argv, i, "--quiet")) {
             quiet = 1;
         } else {

@@ -292,6 +292,15 @@ static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, 
         m->fam->layer_fwd(m, l, b->x, n, 1, b->pos, kv->k + (size_t)l * layer_rows,
                            kv->v + (size_t)l * layer_rows, 0, &a);
 
+    /* Final hidden states of the sequences that ask for them (the norm
+     * into scratch: b->x stays as it is for the logits below). */
+    for (int s = 0; s < n_seqs; s++) {
+        if (!seqs[s].hidden) continue;
+        const int t0 = b->tok_off[s], nt = b->tok_off[s + 1] - t0;
+        en_out_norm_fwd(m, b->tmp, b->x + (size_t)t0 * C, nt);
+        en_backend_download(be, seqs[s].hidden, b->tmp, (size_t)nt * C * sizeof(float));
+    }
+
     /* Logits of the last token of each sequence that asks for them. */
     int nr = 0;
     for (int s = 0; s < n_seqs; s++)

@@ -297,7 +297,10 @@ size_t en_kv_pool_bytes(const en_kv_pool *p);
 
 /* One sequence's part of a batched step: tokens ids[0..n) at positions
  * n_past.., appended to its cache rows; blocks[0..n_blocks) must cover
- * n_past + n tokens. logits: NULL, or (V) for the last of the n tokens. */
+ * n_past + n tokens. logits: NULL, or (V) for the last of the n tokens.
+ * hidden: NULL, or (n, C) host floats for the final hidden state of each
+ * of the n tokens (after the output norm, the state the logits are read
+ * from: Hugging Face's last_hidden_state), for embeddings. */
 typedef struct en_batch_seq {
     const int32_t *ids;
     int n;
@@ -305,6 +308,7 @@ typedef struct en_batch_seq {
     const int32_t *blocks;
     int n_blocks;
     float *logits;
+    float *hidden;
 } en_batch_seq;
 
 /* Scratch for steps of up to max_tokens tokens (summed over sequences) from

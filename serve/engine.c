@@ -50,6 +50,8 @@ struct en_request {
     int preempted;    /* times its blocks were taken back (recomputed later) */
     int strip_pending;
     en_sampler *smp;
+    double *pool; /* an embedding request's pooled hidden state (n_embd), else NULL */
+    float *emb;   /* and its vector, filled when the prompt is read */
     en_detok *dt;
     en_stop *stop;
     double t_admit, t_first, t_last;
@@ -93,6 +95,8 @@ struct en_engine {
     int n_threads;     /* the backend's host threads: sampling's too */
     float *logits; /* (max_batch, V) */
     float *lp;     /* (V) log-softmax scratch */
+    float *hid;    /* (max_batch + prefill_chunk, C) hidden states of embedding requests */
+    int n_embd;
 };
 
 static double now_s(void) { return en_time_now(); }
@@ -168,6 +172,8 @@ static void request_free(en_request *r) {
     en_free(r->prompt);
     en_free(r->toks);
     en_free(r->blocks);
+    en_free(r->pool);
+    en_free(r->emb);
     en_sampler_destroy(r->smp);
     en_detok_destroy(r->dt);
     en_stop_destroy(r->stop);
@@ -315,6 +321,10 @@ static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
     ev.queue_s = (r->t_admit > 0 ? r->t_admit : t) - r->t_submit;
     ev.first_token_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     ev.total_s = t - r->t_submit;
+    if (r->emb && strcmp(reason, "cancelled") != 0) {
+        ev.embedding = r->emb;
+        ev.n_embd = e->n_embd;
+    }
     pthread_mutex_lock(&e->mu);
     if (r->n_blocks) {
         en_kv_pool_free(e->kv, r->blocks, r->n_blocks);
@@ -417,6 +427,30 @@ static int on_token(en_engine *e, en_request *r, float *logits, int32_t pre_id) 
         return 1;
     }
     return 0;
+}
+
+/* An embedding request's hidden states of this step's tokens: summed into
+ * its pool (mean; from zero when the chunk starts the prompt, as after a
+ * preemption) or kept (last); when the prompt is all read, the vector:
+ * the pool (over n_prompt for mean) L2-normalised, in double. */
+static void on_hidden(en_engine *e, en_request *r, const en_batch_seq *s) {
+    const int C = e->n_embd;
+    if (s->n_past == 0 || r->p.embed == EN_EMBED_LAST)
+        for (int c = 0; c < C; c++) r->pool[c] = 0.0;
+    if (r->p.embed == EN_EMBED_LAST) {
+        const float *h = s->hidden + (size_t)(s->n - 1) * C;
+        for (int c = 0; c < C; c++) r->pool[c] = h[c];
+    } else {
+        for (int t = 0; t < s->n; t++)
+            for (int c = 0; c < C; c++) r->pool[c] += s->hidden[(size_t)t * C + c];
+    }
+    if (r->n_fed < r->n_tok) return;
+    const double div = r->p.embed == EN_EMBED_LAST ? 1.0 : (double)r->n_prompt;
+    double ss = 0.0;
+    for (int c = 0; c < C; c++) ss += (r->pool[c] / div) * (r->pool[c] / div);
+    const double inv = ss > 0.0 ? 1.0 / sqrt(ss) : 0.0;
+    for (int c = 0; c < C; c++) r->emb[c] = (float)(r->pool[c] / div * inv);
+    finish(e, r, "stop", 0);
 }
 
 static void update_kv_stats(en_engine *e) { /* under e->mu */
@@ -579,13 +613,20 @@ static void step(en_engine *e) {
     }
     ensure_blocks(e);
     int ns = 0, nl = 0;
+    size_t nh = 0;
     for (int i = 0; i < e->n_running; i++) {
         en_request *r = e->running[i];
         if (r->n_step == 0) continue;
         en_batch_seq *s = &e->seqs[ns];
-        *s = (en_batch_seq){r->toks + r->n_fed, r->n_step, r->n_fed, r->blocks, r->n_blocks, NULL};
-        /* consecutive rows: the batch then writes them in place */
-        if (r->n_fed + r->n_step == r->n_tok) s->logits = e->logits + (size_t)nl++ * e->n_vocab;
+        *s = (en_batch_seq){r->toks + r->n_fed, r->n_step, r->n_fed, r->blocks, r->n_blocks, NULL,
+                            NULL};
+        if (r->pool) { /* an embedding: hidden states, never logits */
+            s->hidden = e->hid + nh * (size_t)e->n_embd;
+            nh += (size_t)r->n_step;
+        } else if (r->n_fed + r->n_step == r->n_tok) {
+            /* consecutive rows: the batch then writes them in place */
+            s->logits = e->logits + (size_t)nl++ * e->n_vocab;
+        }
         e->seq_req[ns++] = r;
     }
     if (!ns) return;
@@ -607,6 +648,7 @@ static void step(en_engine *e) {
         fed += e->seqs[i].n;
         r->n_step = 0;
         if (e->seqs[i].logits) on_token(e, r, e->seqs[i].logits, e->pre_id[i]);
+        if (e->seqs[i].hidden) on_hidden(e, r, &e->seqs[i]);
     }
     const double t2 = now_s();
     pthread_mutex_lock(&e->mu);
@@ -722,9 +764,12 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
         e->par = en_calloc((size_t)c.max_batch, sizeof *e->par);
         e->logits = en_malloc((size_t)c.max_batch * hp->n_vocab * sizeof(float));
         e->lp = en_malloc((size_t)hp->n_vocab * sizeof(float));
+        e->n_embd = hp->n_embd;
+        e->hid = en_malloc(((size_t)c.max_batch + (size_t)c.prefill_chunk) * (size_t)hp->n_embd *
+                           sizeof(float));
         e->n_threads = en_backend_n_threads(en_model_get_backend(m));
         if (!e->running || !e->seqs || !e->seq_req || !e->pre_id || !e->par || !e->logits ||
-            !e->lp)
+            !e->lp || !e->hid)
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for a batch of %d", c.max_batch);
     }
     if (s != EN_OK) {
@@ -763,18 +808,32 @@ void en_engine_destroy(en_engine *e) {
     en_free(e->par);
     en_free(e->logits);
     en_free(e->lp);
+    en_free(e->hid);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     en_free(e);
 }
 
+int en_engine_n_embd(const en_engine *e) { return e->n_embd; }
 int en_engine_n_ctx(const en_engine *e) { return e->cfg.n_ctx; }
 const en_engine_config *en_engine_get_config(const en_engine *e) { return &e->cfg; }
 
-en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen_params *p,
+en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen_params *gp,
                            en_request **out, en_err *err) {
     *out = NULL;
     if (n < 1) return EN_ERR(err, EN_ERR_ARG, "the prompt is empty");
+    if (gp->embed < EN_EMBED_NONE || gp->embed > EN_EMBED_LAST)
+        return EN_ERR(err, EN_ERR_ARG, "embed %d is not a pooling (0 none, 1 mean, 2 last)",
+                      gp->embed);
+    /* An embedding reads its prompt and nothing more: the generation
+     * fields play no part (one token of room, as a prompt needs). */
+    en_gen_params pe;
+    if (gp->embed) {
+        pe = en_gen_params_default();
+        pe.embed = gp->embed;
+        pe.max_tokens = 1;
+    }
+    const en_gen_params *p = gp->embed ? &pe : gp;
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= e->n_vocab)
             return EN_ERR(err, EN_ERR_ARG, "prompt token %d is %d, outside [0, %d)", i, ids[i],
@@ -824,6 +883,11 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     if (s == EN_OK && (!r->toks || !r->blocks)) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (s == EN_OK) memcpy(r->toks, ids, (size_t)n * sizeof(int32_t));
     r->n_tok = n;
+    if (s == EN_OK && p->embed) {
+        r->pool = en_malloc((size_t)e->n_embd * sizeof(double));
+        r->emb = en_malloc((size_t)e->n_embd * sizeof(float));
+        if (!r->pool || !r->emb) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    }
     for (int i = 0; i < p->n_stop && s == EN_OK; i++) {
         size_t len = strlen(p->stop[i]);
         if (!(r->stops[i] = en_malloc(len + 1))) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");

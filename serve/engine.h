@@ -62,6 +62,7 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
  * reason "cancelled". Their handles must still be released. */
 void en_engine_destroy(en_engine *e);
 int en_engine_n_ctx(const en_engine *e);
+int en_engine_n_embd(const en_engine *e); /* an embedding's length: the model's hidden size */
 const en_engine_config *en_engine_get_config(const en_engine *e);
 
 #define EN_MAX_TOP_LOGPROBS 20
@@ -80,7 +81,15 @@ typedef struct en_gen_params {
     const char *end_of_turn; /* NULL, or text dropped from the end of an output that
                                 ends with eos (a chat template's closing markup,
                                 en_chat_template_end_of_turn); copied */
+    /* EN_EMBED_NONE: generate. Otherwise an embedding request: the prompt
+     * is read (batched with everything else, in prompt chunks like any
+     * prompt) and nothing is generated; DONE carries the final hidden
+     * state (en_batch_seq.hidden) pooled over the prompt's tokens, mean
+     * or last, computed in double and L2-normalised. Sampling, max_tokens,
+     * stops and logprobs are ignored; only the prompt must fit n_ctx. */
+    int embed;
 } en_gen_params;
+enum { EN_EMBED_NONE = 0, EN_EMBED_MEAN = 1, EN_EMBED_LAST = 2 };
 en_gen_params en_gen_params_default(void); /* greedy, max_tokens 16 */
 
 typedef struct en_request en_request;
@@ -115,6 +124,9 @@ typedef struct en_gen_event {
     float top_logprobs[EN_MAX_TOP_LOGPROBS];
     /* EN_EV_DONE only */
     const char *finish_reason; /* "stop", "length" or "cancelled" (static) */
+    const float *embedding;    /* an embedding request's vector (n_embd floats, owned by
+                                  the request), NULL otherwise or when cancelled */
+    int n_embd;
     int prompt_tokens, completion_tokens;
     double queue_s;       /* submit -> admitted */
     double first_token_s; /* submit -> first token */

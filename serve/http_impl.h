@@ -60,6 +60,7 @@ typedef enum http_route {
     ROUTE_NONE = 0,
     ROUTE_CHAT,
     ROUTE_COMPLETIONS,
+    ROUTE_EMBEDDINGS,
     ROUTE_MODELS,
     ROUTE_MODEL, /* /v1/models/{id} */
     ROUTE_HEALTH,
@@ -116,6 +117,7 @@ void srv_request_done(en_server *s, http_route route, const char *id, const char
 /* Render energon_requests_total into a buffer (metrics.c). */
 void srv_requests_metrics(en_server *s, char **buf, size_t *len, size_t *cap);
 const char *srv_route_label(http_route r);
+int srv_route_is_post(http_route r); /* the route takes POST (else GET / HEAD) */
 
 /* ---- responses (http_util.c); each returns MHD's result and sets r->status ---- */
 
@@ -142,6 +144,31 @@ int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
 
 /* POST /v1/chat/completions and /v1/completions (openai_generate.c). */
 enum MHD_Result openai_generate(http_req *r, int chat);
+/* POST /v1/embeddings (openai_embeddings.c), its body and answer
+ * (embeddings_request.c). */
+enum MHD_Result openai_embeddings(http_req *r);
+typedef struct emb_input {
+    int32_t *ids;     /* the input's tokens */
+    size_t n;
+    en_request *req;  /* its engine request while it runs */
+    float *vec;       /* the embedding, once done */
+} emb_input;
+typedef struct emb_job {
+    emb_input *in;
+    size_t n;
+    int n_embd;
+    int b64;          /* encoding_format "base64" */
+    size_t n_tokens;  /* over all inputs */
+} emb_job;
+/* The body's fields (model, input, encoding_format, dimensions, user) into
+ * job; -1 with a 4xx naming the field (context_length_exceeded for an
+ * input of n_ctx tokens or more). job is freed by emb_job_free either way. */
+int emb_parse(const json_t *j, const char *model_name, int n_embd, int n_ctx,
+              const en_tokenizer *tok, emb_job *job, oa_err *e);
+/* {"object":"list","data":[...],"model","usage"} of the vectors; NULL when
+ * out of memory. */
+json_t *emb_answer(const emb_job *job, const char *model);
+void emb_job_free(emb_job *job); /* ids and vectors (not the requests) */
 /* POST /tokenize and /detokenize (http_tokenize.c). */
 enum MHD_Result http_tokenize(http_req *r);
 enum MHD_Result http_detokenize(http_req *r);

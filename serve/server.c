@@ -67,6 +67,7 @@ en_server_config en_server_config_default(void) {
     c.io_timeout_s = 30;
     c.max_connections = 512;
     c.log_requests = 1;
+    c.embedding_pooling = EN_EMBED_MEAN;
     return c;
 }
 
@@ -136,6 +137,7 @@ static const char *const k_route_labels[ROUTE_COUNT] = {
     [ROUTE_NONE] = "other",
     [ROUTE_CHAT] = "/v1/chat/completions",
     [ROUTE_COMPLETIONS] = "/v1/completions",
+    [ROUTE_EMBEDDINGS] = "/v1/embeddings",
     [ROUTE_MODELS] = "/v1/models",
     [ROUTE_MODEL] = "/v1/models/{id}",
     [ROUTE_HEALTH] = "/health",
@@ -246,6 +248,7 @@ static http_route route_of(const char *url) {
         http_route route;
     } k_routes[] = {
         {"/v1/chat/completions", ROUTE_CHAT}, {"/v1/completions", ROUTE_COMPLETIONS},
+        {"/v1/embeddings", ROUTE_EMBEDDINGS},
         {"/v1/models", ROUTE_MODELS},         {"/health", ROUTE_HEALTH},
         {"/metrics", ROUTE_METRICS},          {"/tokenize", ROUTE_TOKENIZE},
         {"/detokenize", ROUTE_DETOKENIZE},    {"/", ROUTE_PAGE},
@@ -256,9 +259,9 @@ static http_route route_of(const char *url) {
     return ROUTE_NONE;
 }
 
-static int route_is_post(http_route r) {
-    return r == ROUTE_CHAT || r == ROUTE_COMPLETIONS || r == ROUTE_TOKENIZE ||
-           r == ROUTE_DETOKENIZE;
+int srv_route_is_post(http_route r) {
+    return r == ROUTE_CHAT || r == ROUTE_COMPLETIONS || r == ROUTE_EMBEDDINGS ||
+           r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE;
 }
 
 /* The checks that need only the headers: route, method, key. The answer
@@ -297,9 +300,9 @@ static void check_headers(http_req *r) {
         oa_fail(e, 404, "unknown_url", NULL, "Unknown request URL: %s %s", r->method, r->path);
         return;
     }
-    if (route_is_post(r->route) ? !is_post : !is_get) {
+    if (srv_route_is_post(r->route) ? !is_post : !is_get) {
         oa_fail(e, 405, "method_not_allowed", NULL, "%s %s is not allowed; use %s", r->method,
-                r->path, route_is_post(r->route) ? "POST" : "GET");
+                r->path, srv_route_is_post(r->route) ? "POST" : "GET");
         return;
     }
 }
@@ -327,6 +330,7 @@ static enum MHD_Result dispatch(http_req *r) {
     switch (r->route) {
     case ROUTE_CHAT: return openai_generate(r, 1);
     case ROUTE_COMPLETIONS: return openai_generate(r, 0);
+    case ROUTE_EMBEDDINGS: return openai_embeddings(r);
     case ROUTE_TOKENIZE: return http_tokenize(r);
     case ROUTE_DETOKENIZE: return http_detokenize(r);
     default: break;
@@ -378,7 +382,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 return http_send_error(r, &r->early);
             }
         }
-        r->body_discard = r->early.status != 0 || !route_is_post(r->route);
+        r->body_discard = r->early.status != 0 || !srv_route_is_post(r->route);
         return MHD_YES;
     }
     if (*upload_data_size) {

@@ -3,7 +3,7 @@
  * (libmicrohttpd, one thread per connection; JSON through jansson).
  *
  * Endpoints: POST /v1/chat/completions, POST /v1/completions (both with
- * "stream": Server-Sent Events), GET /v1/models, GET /health, GET /metrics
+ * "stream": Server-Sent Events), POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics
  * (Prometheus text), POST /tokenize, POST /detokenize, GET / (the chat page).
  * Errors use OpenAI's shape {"error":{"message","type","param","code"}}.
  * `energon serve` runs it in the foreground; `energon chat --model DIR` runs
@@ -27,6 +27,7 @@ typedef struct en_server_config {
     int io_timeout_s;       /* idle connection / half-sent request timeout (default 30) */
     int max_connections;    /* default 512 */
     int log_requests;       /* one line per request on stderr (default 1) */
+    int embedding_pooling;  /* /v1/embeddings: EN_EMBED_MEAN (default) or EN_EMBED_LAST */
 } en_server_config;
 en_server_config en_server_config_default(void);
 

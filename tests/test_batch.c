@@ -77,7 +77,7 @@ static int run(en_model *m, en_kv_pool *kv, en_batch *b, const int32_t *ids, int
         if (na > A.len - A.done) na = A.len - A.done;
         seq_blocks(kv, &A, A.done + na);
         bs[ns++] = (en_batch_seq){A.ids + A.done, na, A.done, A.blocks, A.n_blocks,
-                                  out + (size_t)(A.done + na - 1) * V};
+                                  out + (size_t)(A.done + na - 1) * V, NULL};
         seq *others[2] = {&B, &Cq};
         for (int k = 0; k < 2 && mixed; k++) {
             seq *o = others[k];
@@ -89,7 +89,7 @@ static int run(en_model *m, en_kv_pool *kv, en_batch *b, const int32_t *ids, int
             seq_blocks(kv, o, o->done + n);
             which[ns] = o;
             bs[ns++] = (en_batch_seq){o->ids + o->done, n, o->done, o->blocks, o->n_blocks,
-                                      scratch};
+                                      scratch, NULL};
         }
         en_err err = {0};
         if (en_model_forward_batch(b, kv, bs, ns, &err) != EN_OK) {
@@ -119,19 +119,19 @@ static void check_errors(en_model *m, en_kv_pool *kv, en_batch *b) {
     int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     en_err err = {0};
     /* 9 tokens need 3 blocks of 4 */
-    en_batch_seq s = {ids, 9, 0, blk, 2, NULL};
+    en_batch_seq s = {ids, 9, 0, blk, 2, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "cover"),
           "%s", err.msg);
     ids[0] = V;
-    s = (en_batch_seq){ids, 8, 0, blk, 2, NULL};
+    s = (en_batch_seq){ids, 8, 0, blk, 2, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "token id"),
           "%s", err.msg);
     ids[0] = 1;
     int32_t bad[2] = {blk[0], blk[1] + 1000};
-    s = (en_batch_seq){ids, 8, 0, bad, 2, NULL};
+    s = (en_batch_seq){ids, 8, 0, bad, 2, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "block"),
           "%s", err.msg);
-    s = (en_batch_seq){ids, 0, 0, blk, 2, NULL};
+    s = (en_batch_seq){ids, 0, 0, blk, 2, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG, "empty sequence");
     en_kv_pool_free(kv, blk, 2);
     CHECK(en_kv_pool_n_free(kv) == n_free, "blocks come back");

@@ -120,8 +120,9 @@ pass=0
 fail=0
 skipped=()
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
-SCRIPTS=${EN_SERVE_TESTS:-api_openai bad_input concurrency disconnect chat_page chat_cli soak sigterm}
+SCRIPTS=${EN_SERVE_TESTS:-api_openai bad_input concurrency embeddings disconnect chat_page chat_cli soak sigterm}
 for script in $SCRIPTS; do
+    [ "$script" = embeddings ] && continue # its own servers, below
     echo "---- $script"
     t0=$SECONDS
     (cd "$HERE/serve" && "$PY" -u "$script.py") >"$T/$script.out" 2>&1
@@ -145,19 +146,27 @@ for script in $SCRIPTS; do
     fi
 done
 
+# A second server: side_server LOG ARGS... starts `energon serve ARGS` on
+# an ephemeral port, logging to $T/LOG, and sets QPID and QURL (empty when
+# it did not start listening).
+side_server() {
+    local log=$1
+    shift
+    "$ENERGON" serve --port 0 --threads 1 "$@" >"$T/$log" 2>&1 &
+    QPID=$!
+    QURL=
+    for _ in $(seq 1 $((ASAN ? 3000 : 600))); do
+        QURL=$(grep -o 'listening on http://[^ ]*' "$T/$log" | head -1 | sed 's/listening on //')
+        [ -n "$QURL" ] || ! alive "$QPID" && break
+        sleep 0.1
+    done
+}
+
 # ---- the same batch-invariance check on block-quantised weights: a second
 # server with --weights q8 (int8 kernels) runs concurrency.py, whose answers
 # must equal the same requests sent alone
 case " $SCRIPTS " in *" concurrency "*)
-    "$ENERGON" serve --model "$T/model" --weights q8 --port 0 --model-name "$NAME" --threads 1 \
-        >"$T/server-q8.log" 2>&1 &
-    QPID=$!
-    QURL=
-    for _ in $(seq 1 $((ASAN ? 3000 : 600))); do
-        QURL=$(grep -o 'listening on http://[^ ]*' "$T/server-q8.log" | head -1 | sed 's/listening on //')
-        [ -n "$QURL" ] || ! alive "$QPID" && break
-        sleep 0.1
-    done
+    side_server server-q8.log --model "$T/model" --weights q8 --model-name "$NAME"
     echo "---- concurrency against a second server with --weights q8"
     (cd "$HERE/serve" && EN_URL=$QURL EN_SERVER_PID=$QPID "$PY" -u concurrency.py) >"$T/concurrency-q8.out" 2>&1
     sed 's/^\(PASS\|FAIL\) /\1 q8: /' "$T/concurrency-q8.out"
@@ -166,6 +175,25 @@ case " $SCRIPTS " in *" concurrency "*)
     [ -n "$QURL" ] || { echo "FAIL the q8 server did not start"; fail=$((fail + 1)); }
     kill -TERM "$QPID" 2>/dev/null
     wait "$QPID" 2>/dev/null
+    ;;
+esac
+
+# ---- /v1/embeddings: servers of tests/fixtures/hf/embed_llama (its own
+# tokenizer and a float64 reference), pooling mean and then last
+case " $SCRIPTS " in *" embeddings "*)
+    for pool in mean last; do
+        echo "---- embeddings (--embedding-pooling $pool)"
+        side_server server-emb-$pool.log --model "$FIX/hf/embed_llama" --model-name embed-test \
+            --embedding-pooling "$pool"
+        (cd "$HERE/serve" && EN_URL=$QURL EN_SERVER_PID=$QPID EN_MODEL_NAME=embed-test EN_POOLING=$pool \
+            "$PY" -u embeddings.py) >"$T/embeddings-$pool.out" 2>&1
+        cat "$T/embeddings-$pool.out"
+        pass=$((pass + $(grep -c '^PASS ' "$T/embeddings-$pool.out")))
+        fail=$((fail + $(grep -c '^FAIL ' "$T/embeddings-$pool.out")))
+        [ -n "$QURL" ] || { echo "FAIL the embeddings server ($pool) did not start"; fail=$((fail + 1)); }
+        kill -TERM "$QPID" 2>/dev/null
+        wait "$QPID" 2>/dev/null
+    done
     ;;
 esac
 
