@@ -56,6 +56,10 @@ static void usage(FILE *f) {
             "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
             "  --timeout S          seconds one request may take (default 600)\n"
             "  --seed S             seed of the prompts (default 0)\n"
+            "  --shared-prefix-tokens S\n"
+            "                       every prompt (warm-ups too) starts with the same text of\n"
+            "                       about S tokens, as a chatbot's system prompt (default 0);\n"
+            "                       the report adds the mean of usage's cached_tokens\n"
             "  --json               one JSON object instead of the table\n");
 }
 
@@ -65,6 +69,7 @@ typedef struct req_stat {
     int ok;
     int prompt_tokens; /* usage.prompt_tokens; -1 when the server sent no usage */
     int output_tokens; /* usage.completion_tokens, else chunks with text */
+    int cached_tokens; /* usage.prompt_tokens_details.cached_tokens (0 when absent) */
     int chunks;        /* chunks with text */
     double ttft;       /* seconds to the first chunk with text; < 0: none came */
     double e2el;       /* seconds, request sent -> stream ended */
@@ -139,6 +144,9 @@ static int on_event(void *user, const char *d) {
             st->usage_seen = 1;
             st->r->prompt_tokens = (int)json_integer_value(pt);
             st->r->output_tokens = (int)json_integer_value(ct);
+            json_t *ck = json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                         "cached_tokens");
+            st->r->cached_tokens = json_is_integer(ck) ? (int)json_integer_value(ck) : 0;
         }
     }
     json_decref(j);
@@ -284,6 +292,20 @@ oom:
     return NULL;
 }
 
+/* prefix + " " + p (en_free'd p); NULL on out of memory (p freed). */
+static char *with_prefix(const char *prefix, char *p) {
+    if (!prefix || !p) return p;
+    const size_t a = strlen(prefix), b = strlen(p);
+    char *out = en_malloc(a + b + 2);
+    if (out) {
+        memcpy(out, prefix, a);
+        out[a] = ' ';
+        memcpy(out + a + 1, p, b + 1);
+    }
+    en_free(p);
+    return out;
+}
+
 /* ---- statistics ---- */
 
 static int cmp_double(const void *a, const void *b) {
@@ -359,6 +381,7 @@ static char *first_model(const bench *b, CURL *curl) {
 typedef struct bench_opts {
     const char *url, *api_key, *model;
     int concurrency, requests, prompt_tokens, max_tokens, warmup, timeout_s, json_out;
+    int shared_prefix; /* tokens of a text every prompt starts with (0: none) */
     uint64_t seed;
 } bench_opts;
 
@@ -371,7 +394,7 @@ static void print_row(const char *name, summary s) {
 
 static int report(const bench_opts *o, bench *b, double duration, double words_per_token) {
     int ok = 0, failed = 0, n_itl = 0, usage_known = 1;
-    long in_tok = 0, out_tok = 0;
+    long in_tok = 0, out_tok = 0, cached = 0;
     for (int i = 0; i < b->n_prompts; i++) {
         req_stat *r = &b->stats[i];
         if (!r->ok) {
@@ -379,6 +402,7 @@ static int report(const bench_opts *o, bench *b, double duration, double words_p
             continue;
         }
         ok++;
+        cached += r->cached_tokens;
         if (r->prompt_tokens < 0) usage_known = 0;
         else in_tok += r->prompt_tokens;
         out_tok += r->output_tokens;
@@ -421,6 +445,8 @@ static int report(const bench_opts *o, bench *b, double duration, double words_p
         if (j) {
             if (b->model) json_object_set_new(j, "model", json_string(b->model));
             json_object_set_new(j, "usage_reported", json_boolean(usage_known));
+            json_object_set_new(j, "cached_input_tokens", json_integer((json_int_t)cached));
+            json_object_set_new(j, "shared_prefix_tokens", json_integer(o->shared_prefix));
             json_object_set_new(j, "words_per_token", json_real(words_per_token));
             json_summary(j, "ttft", s_ttft);
             json_summary(j, "tpot", s_tpot);
@@ -442,6 +468,10 @@ static int report(const bench_opts *o, bench *b, double duration, double words_p
         printf("  %-30s %10.2f\n", "duration (s)", duration);
         printf("  %-30s %10ld  (%.1f per request)%s\n", "input tokens", in_tok,
                ok ? (double)in_tok / ok : 0.0, usage_known ? "" : ", the server sent no usage");
+        if (o->shared_prefix)
+            printf("  %-30s %10ld  (%.1f per request; shared prefix ~%d tokens)\n",
+                   "cached input tokens", cached, ok ? (double)cached / ok : 0.0,
+                   o->shared_prefix);
         printf("  %-30s %10ld  (%.1f per request)\n", "output tokens", out_tok,
                ok ? (double)out_tok / ok : 0.0);
         printf("  %-30s %10.2f\n", "request throughput (req/s)", req_tp);
@@ -465,7 +495,8 @@ static int report(const bench_opts *o, bench *b, double duration, double words_p
  * (a 512-piece one). Then o->warmup uncounted requests of the real size,
  * one at a time. Returns the ratio (a guess when the server sends no
  * usage), or a negative number when the server cannot be used. */
-static double calibrate_and_warm_up(const bench_opts *o, bench *b, CURL *curl, en_rng *rng) {
+static double calibrate_and_warm_up(const bench_opts *o, bench *b, CURL *curl, en_rng *rng,
+                                    char **prefix) {
     const int probe_words = 24;
     double wpt = 0.75;
     char err[512] = "";
@@ -479,6 +510,14 @@ static double calibrate_and_warm_up(const bench_opts *o, bench *b, CURL *curl, e
         return -1;
     }
     if (r.prompt_tokens > 0) wpt = (double)probe_words / r.prompt_tokens;
+    if (o->shared_prefix > 0) {
+        const long pw = lround(o->shared_prefix * wpt);
+        if (!(*prefix = make_prompt(rng, pw > 0 ? (int)pw : 1))) {
+            en_free(r.itl);
+            en_cli_error(CMD, "out of memory");
+            return -1;
+        }
+    }
     /* The full-size warm-ups refine the ratio: a short probe overweights
      * the bos token and the sentence punctuation. */
     int ok = 0;
@@ -486,7 +525,7 @@ static double calibrate_and_warm_up(const bench_opts *o, bench *b, CURL *curl, e
     for (int i = 0; i < o->warmup; i++) {
         int n_words = (int)lround(o->prompt_tokens * wpt);
         if (n_words < 1) n_words = 1;
-        if (!(p = make_prompt(rng, n_words))) break;
+        if (!(p = with_prefix(*prefix, make_prompt(rng, n_words)))) break;
         run_one(b, curl, p, b->max_tokens, &r, err, sizeof err);
         en_free(p);
         ok += r.ok;
@@ -532,7 +571,8 @@ static int bench_run(const bench_opts *o) {
 
     en_rng rng;
     en_rng_seed(&rng, o->seed);
-    double wpt = calibrate_and_warm_up(o, &b, curl, &rng);
+    char *prefix = NULL;
+    double wpt = calibrate_and_warm_up(o, &b, curl, &rng, &prefix);
     if (wpt < 0) goto done;
 
     b.n_prompts = o->requests;
@@ -542,7 +582,8 @@ static int bench_run(const bench_opts *o) {
     for (int i = 0; i < o->requests; i++) {
         double target = o->prompt_tokens * (0.75 + 0.5 * en_rng_uniform(&rng));
         int words = (int)lround(target * wpt);
-        if (!(b.prompts[i] = make_prompt(&rng, words > 0 ? words : 1))) goto oom;
+        if (!(b.prompts[i] = with_prefix(prefix, make_prompt(&rng, words > 0 ? words : 1))))
+            goto oom;
     }
     if (pthread_mutex_init(&b.mu, NULL) != 0) goto oom;
     mu_ok = 1;
@@ -566,6 +607,7 @@ oom:
     en_cli_error(CMD, "out of memory");
 done:
     if (mu_ok) pthread_mutex_destroy(&b.mu);
+    en_free(prefix);
     en_free(threads);
     for (int i = 0; b.prompts && i < b.n_prompts; i++) en_free(b.prompts[i]);
     for (int i = 0; b.stats && i < b.n_prompts; i++) en_free(b.stats[i].itl);
@@ -607,6 +649,9 @@ int en_cmd_bench_serve(int argc, char **argv) {
             if (!bad && !en_cli_int(CMD, "--timeout", v, 1, 86400, &o.timeout_s)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--seed", &v, &bad)) {
             if (!bad && !en_cli_u64(CMD, "--seed", v, &o.seed)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--shared-prefix-tokens", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--shared-prefix-tokens", v, 0, 1 << 20, &o.shared_prefix))
+                bad = 1;
         } else if (en_cli_switch(argv, i, "--json")) {
             o.json_out = 1;
         } else {

@@ -53,6 +53,9 @@ static void usage(FILE *f) {
             "  --max-queue N           waiting requests before 429 (default 256)\n"
             "  --prefill-chunk N       prompt tokens per step, over all requests (default 256)\n"
             "  --block-size N          tokens per KV-cache block (default 16)\n"
+            "  --no-prefix-cache       never share KV blocks between requests (by default a\n"
+            "                          prompt that starts with another's full blocks of\n"
+            "                          tokens reuses their keys and values)\n"
             "  --max-body BYTES        largest request body (default 1048576)\n"
             "  --timeout S             idle / half-sent request timeout (default 30)\n"
             "  --max-connections N     open connections (default 512)\n"
@@ -183,6 +186,8 @@ int en_cmd_serve(int argc, char **argv) {
                 en_cli_error(CMD, "--embedding-pooling: '%s' is not mean or last", v);
                 bad = 1;
             }
+        } else if (en_cli_switch(argv, i, "--no-prefix-cache")) {
+            ec.no_prefix_cache = 1;
         } else if (en_cli_switch(argv, i, "--quiet")) {
             quiet = 1;
         } else {

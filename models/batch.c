@@ -1,99 +1,15 @@
 /*
- * batch.c - the paged KV cache and the batched forward step the server's
- * engine runs (model.h): many sequences, each with its own block table,
- * advanced together in one pass so that every weight is read once per step
- * for all of them (continuous batching, as in vLLM / Orca).
- *
- * Pool layout: keys and values each (L, n_blocks * block_size, Hkv*D); the
- * token at position p of a sequence lives at row
- *   blocks[p / block_size] * block_size + p % block_size
- * of every layer's slice. A step concatenates the sequences' new tokens
+ * batch.c - the batched forward step the server's engine runs (model.h)
+ * over the paged KV cache (kv_pool.c): many sequences, each with its own
+ * block table, advanced together in one pass so that every weight is read
+ * once per step for all of them (continuous batching, as in vLLM / Orca).
+ * A step concatenates the sequences' new tokens
  * (prompt chunks and single decode tokens alike) into one (n, C) matrix;
  * only attention is per sequence (en_op_attention_rows over its rows).
  */
 #include <string.h>
 
 #include "family.h"
-
-struct en_kv_pool {
-    en_model *m;
-    int n_blocks, block_size;
-    size_t kvd;       /* floats per row: Hkv * D */
-    size_t rows;      /* n_blocks * block_size rows per layer */
-    float *k, *v;     /* (L, rows, kvd) each */
-    int32_t *free_ids; /* stack of free block ids */
-    int n_free;
-    uint8_t *held;    /* (n_blocks) 1 while a sequence holds the block */
-};
-
-en_status en_kv_pool_create(en_model *m, int n_blocks, int block_size, en_kv_pool **out,
-                            en_err *err) {
-    *out = NULL;
-    if (n_blocks <= 0 || block_size <= 0)
-        return EN_ERR(err, EN_ERR_ARG, "KV pool: %d blocks of %d tokens: both must be positive",
-                      n_blocks, block_size);
-    if ((int64_t)n_blocks * block_size > INT32_MAX)
-        return EN_ERR(err, EN_ERR_ARG, "KV pool: %d blocks of %d tokens is too many rows",
-                      n_blocks, block_size);
-    en_kv_pool *p = en_calloc(1, sizeof *p);
-    if (!p) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-    const en_model_hparams *hl = &m->hl;
-    p->m = m;
-    p->n_blocks = n_blocks;
-    p->block_size = block_size;
-    p->kvd = (size_t)hl->n_kv_head * hl->head_dim;
-    p->rows = (size_t)n_blocks * block_size;
-    size_t bytes = (size_t)m->hp.n_layer * p->rows * p->kvd * sizeof(float);
-    p->k = en_backend_alloc(m->be, bytes);
-    p->v = en_backend_alloc(m->be, bytes);
-    p->free_ids = en_malloc((size_t)n_blocks * sizeof(int32_t));
-    p->held = en_calloc((size_t)n_blocks, 1);
-    if (!p->k || !p->v || !p->free_ids || !p->held) {
-        en_kv_pool_destroy(p);
-        return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a KV cache of %d x %d tokens (%zu MiB)",
-                      n_blocks, block_size, 2 * bytes >> 20);
-    }
-    /* lowest ids on top of the stack, so a fresh pool hands out 0, 1, ... */
-    for (int i = 0; i < n_blocks; i++) p->free_ids[i] = n_blocks - 1 - i;
-    p->n_free = n_blocks;
-    *out = p;
-    return EN_OK;
-}
-
-void en_kv_pool_destroy(en_kv_pool *p) {
-    if (!p) return;
-    en_backend_free(p->m->be, p->k);
-    en_backend_free(p->m->be, p->v);
-    en_free(p->free_ids);
-    en_free(p->held);
-    en_free(p);
-}
-
-int en_kv_pool_block_size(const en_kv_pool *p) { return p->block_size; }
-int en_kv_pool_n_blocks(const en_kv_pool *p) { return p->n_blocks; }
-int en_kv_pool_n_free(const en_kv_pool *p) { return p->n_free; }
-size_t en_kv_pool_bytes(const en_kv_pool *p) {
-    return 2 * (size_t)p->m->hp.n_layer * p->rows * p->kvd * sizeof(float);
-}
-
-int en_kv_pool_alloc(en_kv_pool *p, int n, int32_t *blocks) {
-    if (n < 0 || n > p->n_free) return 0;
-    for (int i = 0; i < n; i++) {
-        int32_t b = p->free_ids[--p->n_free];
-        p->held[b] = 1;
-        blocks[i] = b;
-    }
-    return 1;
-}
-
-void en_kv_pool_free(en_kv_pool *p, const int32_t *blocks, int n) {
-    for (int i = 0; i < n; i++) {
-        int32_t b = blocks[i];
-        EN_ASSERT(b >= 0 && b < p->n_blocks && p->held[b]);
-        p->held[b] = 0;
-        p->free_ids[p->n_free++] = b;
-    }
-}
 
 struct en_batch {
     en_model *m;
@@ -189,7 +105,9 @@ void en_batch_destroy(en_batch *b) {
 static en_status check_step(const en_batch *b, const en_kv_pool *kv, const en_batch_seq *seqs,
                             int n_seqs, en_err *err) {
     const en_model *m = b->m;
-    if (kv->m != m) return EN_ERR(err, EN_ERR_ARG, "the KV pool belongs to another model");
+    if (en_kv_pool_model(kv) != m)
+        return EN_ERR(err, EN_ERR_ARG, "the KV pool belongs to another model");
+    const int bs = en_kv_pool_block_size(kv), nblk = en_kv_pool_n_blocks(kv);
     if (n_seqs < 0 || n_seqs > b->max_seqs)
         return EN_ERR(err, EN_ERR_ARG, "%d sequences in one step; the batch holds %d", n_seqs,
                       b->max_seqs);
@@ -204,12 +122,12 @@ static en_status check_step(const en_batch *b, const en_kv_pool *kv, const en_ba
         if (end > b->max_ctx)
             return EN_ERR(err, EN_ERR_ARG, "sequence %d: %lld positions exceed the context of %d",
                           s, (long long)end, b->max_ctx);
-        if (end > (int64_t)q->n_blocks * kv->block_size)
+        if (end > (int64_t)q->n_blocks * bs)
             return EN_ERR(err, EN_ERR_ARG,
                           "sequence %d: %d blocks of %d tokens do not cover %lld positions", s,
-                          q->n_blocks, kv->block_size, (long long)end);
+                          q->n_blocks, bs, (long long)end);
         for (int i = 0; i < q->n_blocks; i++)
-            if (q->blocks[i] < 0 || q->blocks[i] >= kv->n_blocks || !kv->held[q->blocks[i]])
+            if (q->blocks[i] < 0 || q->blocks[i] >= nblk || !en_kv_pool_held(kv, q->blocks[i]))
                 return EN_ERR(err, EN_ERR_ARG, "sequence %d: block %d is not an allocated block",
                               s, q->blocks[i]);
         for (int i = 0; i < q->n; i++)
@@ -258,7 +176,7 @@ static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, 
     en_model *m = b->m;
     en_backend *be = m->be;
     const en_model_hparams *hp = &m->hp;
-    const int C = hp->n_embd, V = hp->n_vocab, bs = kv->block_size;
+    const int C = hp->n_embd, V = hp->n_vocab, bs = en_kv_pool_block_size(kv);
 
     /* Lay the step out: token rows, positions, pool rows. */
     int n = 0;
@@ -287,10 +205,9 @@ static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, 
     en_embed_pos_fwd(m, b->x, b->pos, n, b->xn);
     en_layer_acts a = en_infer_acts(b->xn, b->q, b->att, b->gate, b->up, b->tmp, b->lora_u);
     a.pg = &pg;
-    const size_t layer_rows = kv->rows * kv->kvd;
     for (int l = 0; l < hp->n_layer; l++)
-        m->fam->layer_fwd(m, l, b->x, n, 1, b->pos, kv->k + (size_t)l * layer_rows,
-                           kv->v + (size_t)l * layer_rows, 0, &a);
+        m->fam->layer_fwd(m, l, b->x, n, 1, b->pos, en_kv_pool_k(kv, l), en_kv_pool_v(kv, l), 0,
+                          &a);
 
     /* Final hidden states of the sequences that ask for them (the norm
      * into scratch: b->x stays as it is for the logits below). */

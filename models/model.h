@@ -291,9 +291,32 @@ int en_kv_pool_n_free(const en_kv_pool *p);
 /* Take n free blocks into blocks[0..n); returns 0 (taking none) when fewer
  * than n are free, else 1. */
 int en_kv_pool_alloc(en_kv_pool *p, int n, int32_t *blocks);
-/* Give blocks back (each must be held; double frees abort). */
+/* Give blocks back (each must be held; double frees abort): a block
+ * nobody holds any more is free again, or, when registered in the prefix
+ * cache, kept with its rows until a block is needed (least recently used
+ * first). */
 void en_kv_pool_free(en_kv_pool *p, const int32_t *blocks, int n);
 size_t en_kv_pool_bytes(const en_kv_pool *p);
+/* Prefix cache (kv_pool.c). Match the first n_full full blocks of toks
+ * (block_size tokens each) against registered blocks of the same adapter
+ * id, in order, stopping at the first miss: the matched blocks are taken
+ * (a reference each) into blocks[0..), their count returned. Their rows
+ * hold the keys and values of exactly these tokens at these positions. */
+int en_kv_pool_match(en_kv_pool *p, const int32_t *toks, int n_full, int32_t adapter,
+                     int32_t *blocks);
+/* Register block blocks[i] of a sequence, whose rows hold the keys and
+ * values of toks[0..block_size) (at positions i * block_size..) after
+ * blocks[0..i), so that later sequences can match it. Returns 1 when the
+ * block is (now) registered, 0 when an identical block already is. */
+int en_kv_pool_register(en_kv_pool *p, const int32_t *blocks, int i, const int32_t *toks,
+                        int32_t adapter);
+typedef struct en_kv_cache_stats {
+    uint64_t evictions;      /* cached blocks evicted for a new one */
+    int cached_blocks;       /* registered blocks now */
+    int idle_cached_blocks;  /* of which nobody holds (evictable) */
+} en_kv_cache_stats;
+void en_kv_pool_cache_stats(const en_kv_pool *p, en_kv_cache_stats *st);
+int en_kv_pool_held(const en_kv_pool *p, int32_t block); /* held by a sequence */
 
 /* One sequence's part of a batched step: tokens ids[0..n) at positions
  * n_past.., appended to its cache rows; blocks[0..n_blocks) must cover

@@ -335,6 +335,10 @@ void en_embed_pos_bwd(const en_model *m, float *dpos, const float *dx, const int
 /* The final norm of the residual stream (RMSNorm, or LayerNorm with bias)
  * of n rows, and its backward (dx, dw, db accumulate) (forward.c). */
 void en_out_norm_fwd(const en_model *m, float *y, const float *x, int n);
+/* The KV pool's slices of layer l (kv_pool.c), for batch.c. */
+float *en_kv_pool_k(const en_kv_pool *p, int layer);
+float *en_kv_pool_v(const en_kv_pool *p, int layer);
+const en_model *en_kv_pool_model(const en_kv_pool *p);
 void en_out_norm_bwd(const en_model *m, float *dx, float *dw, float *db, const float *dy,
                      const float *x, int n);
 /* dtable += dx rows at ids (full fine-tuning); vocab-parallel: only the

@@ -48,6 +48,8 @@ struct en_request {
     int32_t *blocks;  /* block table, room for (n_prompt + max_tokens) tokens */
     int n_blocks;     /* blocks held now */
     int preempted;    /* times its blocks were taken back (recomputed later) */
+    int n_reg;        /* of its blocks, the first n_reg are in the prefix cache */
+    int n_cached;     /* prompt tokens found in the prefix cache when first admitted */
     int strip_pending;
     en_sampler *smp;
     double *pool; /* an embedding request's pooled hidden state (n_embd), else NULL */
@@ -318,6 +320,7 @@ static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
     ev.finish_reason = reason;
     ev.prompt_tokens = r->n_prompt;
     ev.completion_tokens = r->n_gen;
+    ev.cached_tokens = r->n_cached;
     ev.queue_s = (r->t_admit > 0 ? r->t_admit : t) - r->t_submit;
     ev.first_token_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     ev.total_s = t - r->t_submit;
@@ -429,6 +432,15 @@ static int on_token(en_engine *e, en_request *r, float *logits, int32_t pre_id) 
     return 0;
 }
 
+/* Offer the request's blocks that are now full and fed to the prefix
+ * cache, before anything can end the request and free them. */
+static void register_blocks(en_engine *e, en_request *r) {
+    if (e->cfg.no_prefix_cache) return;
+    const int bs = e->cfg.block_size;
+    for (const int full = r->n_fed / bs; r->n_reg < full; r->n_reg++)
+        en_kv_pool_register(e->kv, r->blocks, r->n_reg, r->toks + (size_t)r->n_reg * bs, 0);
+}
+
 /* An embedding request's hidden states of this step's tokens: summed into
  * its pool (mean; from zero when the chunk starts the prompt, as after a
  * preemption) or kept (last); when the prompt is all read, the vector:
@@ -455,6 +467,10 @@ static void on_hidden(en_engine *e, en_request *r, const en_batch_seq *s) {
 
 static void update_kv_stats(en_engine *e) { /* under e->mu */
     e->st.kv_blocks_used = e->st.kv_blocks_total - en_kv_pool_n_free(e->kv);
+    en_kv_cache_stats cs;
+    en_kv_pool_cache_stats(e->kv, &cs);
+    e->st.prefix_cached_blocks = cs.cached_blocks;
+    e->st.prefix_evictions = cs.evictions;
 }
 
 /* Blocks free for admissions. One block per running request stays back
@@ -482,9 +498,23 @@ static void admit(en_engine *e) {
         int drop = is_cancelled(r);
         if (!drop) {
             if (hold || e->n_running >= e->cfg.max_batch) break;
-            int need = (r->n_tok + 1 + bs - 1) / bs;
-            if (need > admit_budget(e) || !en_kv_pool_alloc(e->kv, need, r->blocks)) break;
-            r->n_blocks = need;
+            /* Full blocks of its tokens already in the cache are taken as
+             * they are (never the last token: it must be fed for logits;
+             * never for an embedding, which pools every token's state). */
+            int hit = 0;
+            const int n_full = e->cfg.no_prefix_cache || r->p.embed ? 0 : (r->n_tok - 1) / bs;
+            if (n_full) hit = en_kv_pool_match(e->kv, r->toks, n_full, 0, r->blocks);
+            int need = (r->n_tok + 1 + bs - 1) / bs - hit;
+            if (need > admit_budget(e) || !en_kv_pool_alloc(e->kv, need, r->blocks + hit)) {
+                en_kv_pool_free(e->kv, r->blocks, hit);
+                break;
+            }
+            r->n_blocks = hit + need;
+            r->n_fed = r->n_reg = hit;
+            r->n_fed *= bs;
+            if (r->t_admit == 0) r->n_cached = r->n_fed < r->n_prompt ? r->n_fed : r->n_prompt;
+            e->st.prefix_queries += (uint64_t)n_full * (uint64_t)bs;
+            e->st.prefix_hits += (uint64_t)hit * (uint64_t)bs;
         }
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
@@ -522,6 +552,7 @@ static void preempt(en_engine *e, int idx) {
     en_kv_pool_free(e->kv, r->blocks, r->n_blocks);
     r->n_blocks = 0;
     r->n_fed = 0;
+    r->n_reg = 0;
     r->n_step = 0;
     r->preempted++;
     r->state = RS_WAITING;
@@ -646,6 +677,7 @@ static void step(en_engine *e) {
         en_request *r = e->seq_req[i];
         r->n_fed += e->seqs[i].n;
         fed += e->seqs[i].n;
+        register_blocks(e, r);
         r->n_step = 0;
         if (e->seqs[i].logits) on_token(e, r, e->seqs[i].logits, e->pre_id[i]);
         if (e->seqs[i].hidden) on_hidden(e, r, &e->seqs[i]);
@@ -656,6 +688,7 @@ static void step(en_engine *e) {
     e->st.step_tokens += (uint64_t)fed;
     e->st.forward_s += t1 - t0;
     e->st.sample_s += t2 - t1;
+    update_kv_stats(e); /* blocks registered in the prefix cache this step */
     pthread_mutex_unlock(&e->mu);
 }
 

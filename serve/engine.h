@@ -42,6 +42,9 @@ typedef struct en_engine_config {
     int block_size;      /* tokens per KV block (default 16) */
     int max_queue;       /* waiting requests beyond which submit says EN_ERR_BUSY (default 256) */
     int prefill_chunk;   /* prompt tokens per step, summed over requests (default 256) */
+    int no_prefix_cache; /* 1: never share KV blocks between requests (default 0: a request
+                            whose first full blocks of tokens equal another's, running or
+                            recently ended, reuses their keys and values: kv_pool.c) */
     /* Ids that end an answer besides the tokenizer's (en_tokenizer_stop_ids:
      * eos, generation_config.json's eos_token_id list), e.g. the chat
      * template's end-of-turn token; copied, at most EN_MAX_STOP_IDS in all. */
@@ -128,6 +131,7 @@ typedef struct en_gen_event {
                                   the request), NULL otherwise or when cancelled */
     int n_embd;
     int prompt_tokens, completion_tokens;
+    int cached_tokens;    /* prompt tokens whose keys and values came from the prefix cache */
     double queue_s;       /* submit -> admitted */
     double first_token_s; /* submit -> first token */
     double total_s;       /* submit -> done */
@@ -156,6 +160,10 @@ typedef struct en_engine_stats {
     uint64_t generated_tokens; /* tokens sampled */
     uint64_t requests_done, requests_cancelled;
     uint64_t preemptions;      /* running requests whose blocks were taken back */
+    uint64_t prefix_queries;   /* prompt tokens in full blocks looked up in the prefix cache */
+    uint64_t prefix_hits;      /* of which found (their prefill skipped) */
+    uint64_t prefix_evictions; /* cached blocks evicted to make room */
+    int prefix_cached_blocks;  /* blocks in the prefix cache now (held or idle) */
     /* histograms, cumulative buckets (le = bounds[i]; last bucket is +Inf) */
 #define EN_ENGINE_HIST_N 14
     double hist_bounds[EN_ENGINE_HIST_N]; /* seconds */

@@ -78,6 +78,17 @@ enum MHD_Result metrics_send(http_req *r) {
         counter(&b, &n, &c, "energon_preemptions_total",
                 "Running requests whose KV blocks were taken back (recomputed later).",
                 st.preemptions);
+        counter(&b, &n, &c, "energon_prefix_cache_queries_total",
+                "Prompt tokens in full KV blocks looked up in the prefix cache.",
+                st.prefix_queries);
+        counter(&b, &n, &c, "energon_prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache (their prefill skipped).",
+                st.prefix_hits);
+        counter(&b, &n, &c, "energon_prefix_cache_evictions_total",
+                "Cached KV blocks evicted to make room.", st.prefix_evictions);
+        gauge(&b, &n, &c, "energon_prefix_cache_blocks",
+              "KV blocks in the prefix cache (held by a request or idle).",
+              st.prefix_cached_blocks);
     }
     if (!b) return MHD_NO;
     enum MHD_Result ret =

@@ -50,6 +50,7 @@ typedef struct gen {
     char *echo; /* completions with echo: the prompt text */
     size_t echo_len;
     int prompt_tokens;
+    int cached_tokens; /* usage.prompt_tokens_details.cached_tokens */
     int counted; /* srv_active_begin succeeded */
     /* streaming */
     char *out;
@@ -455,8 +456,12 @@ static json_t *completion_lp_new(const gen *g) {
 static json_t *usage_json(const gen *g) {
     int comp = 0;
     for (int i = 0; i < g->n; i++) comp += g->ch[i].n_tokens;
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens",
-                     comp, "total_tokens", g->prompt_tokens + comp);
+    /* prompt_tokens_details.cached_tokens: the prompt tokens whose keys and
+     * values came from the prefix cache (the most of any choice), as
+     * OpenAI reports its own prompt caching */
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", g->prompt_tokens,
+                     "completion_tokens", comp, "total_tokens", g->prompt_tokens + comp,
+                     "prompt_tokens_details", "cached_tokens", g->cached_tokens);
 }
 
 static json_t *envelope(const gen *g, const char *object) {
@@ -518,6 +523,7 @@ static int collect(gen *g, int i, const en_gen_event *ev) {
         c->done = 1;
         c->finish = ev->finish_reason;
         c->n_tokens = ev->completion_tokens;
+        if (ev->cached_tokens > g->cached_tokens) g->cached_tokens = ev->cached_tokens;
     }
     return 1;
 }
@@ -577,6 +583,7 @@ static int emit_event(gen *g, int i, const en_gen_event *ev) {
     c->done = 1;
     c->finish = ev->finish_reason;
     c->n_tokens = ev->completion_tokens;
+    if (ev->cached_tokens > g->cached_tokens) g->cached_tokens = ev->cached_tokens;
     if (ev->len && !emit_chunk(g, i, ev->text, ev->len, NULL, NULL, 0)) return 0;
     return emit_chunk(g, i, NULL, 0, NULL, finish_name(c->finish), 0);
 }

@@ -137,6 +137,52 @@ static void check_errors(en_model *m, en_kv_pool *kv, en_batch *b) {
     CHECK(en_kv_pool_n_free(kv) == n_free, "blocks come back");
 }
 
+/* The prefix cache's bookkeeping on a fresh pool of 6 blocks of BS: keys
+ * name the parent block and the adapter, matches stop at the first miss,
+ * idle cached blocks count as free and are evicted oldest first, and a
+ * block whose parent was evicted and handed out again is never matched. */
+static void check_prefix_pool(en_model *m) {
+    en_err err = {0};
+    en_kv_pool *kv = NULL;
+    CHECK(en_kv_pool_create(m, 6, BS, &kv, &err) == EN_OK, "%s", err.msg);
+    if (!kv) return;
+    int32_t toks[3 * BS], other[3 * BS], a[3], got[3], x[6];
+    for (int i = 0; i < 3 * BS; i++) toks[i] = other[i] = 10 + i;
+    other[BS + 1] = 3; /* differs in the second block only */
+    CHECK(en_kv_pool_alloc(kv, 3, a));
+    for (int i = 0; i < 3; i++) CHECK(en_kv_pool_register(kv, a, i, toks + i * BS, 7) == 1);
+    CHECK(en_kv_pool_match(kv, toks, 3, 7, got) == 3 && memcmp(got, a, sizeof a) == 0,
+          "a held chain is matched whole");
+    en_kv_pool_free(kv, got, 3);
+    int32_t twin[1];
+    CHECK(en_kv_pool_alloc(kv, 1, twin));
+    CHECK(en_kv_pool_register(kv, twin, 0, toks, 7) == 0, "an identical first block is cached");
+    en_kv_pool_free(kv, twin, 1);
+    en_kv_pool_free(kv, a, 3);
+    CHECK(en_kv_pool_n_free(kv) == 6, "idle cached blocks count as free");
+    CHECK(en_kv_pool_match(kv, toks, 3, 8, got) == 0, "another adapter never matches");
+    CHECK(en_kv_pool_match(kv, other, 3, 7, got) == 1 && got[0] == a[0], "stops at the miss");
+    en_kv_pool_free(kv, got, 1);
+    en_kv_cache_stats st;
+    en_kv_pool_cache_stats(kv, &st);
+    CHECK(st.cached_blocks == 3 && st.idle_cached_blocks == 3, "%d cached, %d idle",
+          st.cached_blocks, st.idle_cached_blocks);
+    /* 3 free blocks, then the oldest idle ones: a[1] and a[2] were freed
+     * after a[0] was used again, so a[1] goes first */
+    CHECK(en_kv_pool_alloc(kv, 4, x));
+    en_kv_pool_cache_stats(kv, &st);
+    CHECK(st.evictions == 1 && x[3] == a[1], "evicted %d (want a[1] = %d)", x[3], a[1]);
+    CHECK(en_kv_pool_match(kv, toks, 3, 7, got) == 1, "the chain ends where a block left");
+    en_kv_pool_free(kv, got, 1);
+    /* a[1]'s id now holds other tokens: registering them under a[0] again
+     * must not revive a[2], whose key names the old a[1] */
+    int32_t chain[2] = {a[0], x[3]};
+    CHECK(en_kv_pool_match(kv, toks, 1, 7, got) == 1);
+    CHECK(en_kv_pool_register(kv, chain, 1, toks + BS, 7) == 1);
+    CHECK(en_kv_pool_match(kv, toks, 3, 7, got) == 2, "a stale child is not matched");
+    en_kv_pool_destroy(kv);
+}
+
 int main(void) {
     en_backend *be = NULL;
     en_err err = {0};
@@ -215,6 +261,7 @@ int main(void) {
         for (int i = 1; i < 13; i += 2) en_kv_pool_free(kv, tmp + i, 1);
         CHECK(en_kv_pool_n_free(kv) == 40, "%s: every block is back", k_models[mi]);
         if (mi == 0) check_errors(m, kv, b);
+        if (mi == 0) check_prefix_pool(m);
         free(mixed);
         free(alone);
         free(got_m);

@@ -18,7 +18,12 @@
  *   (e) seeded sampling at temperature 1 repeats with the same seed;
  *   (f) cancel mid-generation: DONE "cancelled" follows and every KV block
  *       is free again; a full queue says EN_ERR_BUSY; prompt + max_tokens
- *       over the context says context_length_exceeded.
+ *       over the context says context_length_exceeded;
+ *   (g) a pool too small for the batch: preempted requests return what they
+ *       return alone;
+ *   (h) prefix caching: prompts sharing a long prefix answer exactly as on
+ *       an engine without the cache, alone, all at once and preempted; the
+ *       later ones report the shared full blocks as cached_tokens.
  */
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +41,7 @@ typedef struct result {
     char text[8192];
     size_t len;
     char finish[16];
-    int prompt_tokens, completion_tokens;
+    int prompt_tokens, completion_tokens, cached_tokens;
     float logprob[512];
     int n_top[512];
     int32_t top0[512];
@@ -57,6 +62,7 @@ static int collect(en_request *r, result *out) {
             snprintf(out->finish, sizeof out->finish, "%s", ev.finish_reason);
             out->prompt_tokens = ev.prompt_tokens;
             out->completion_tokens = ev.completion_tokens;
+            out->cached_tokens = ev.cached_tokens;
             return 1;
         }
         if (out->n < 512) {
@@ -80,6 +86,75 @@ static int run_one(en_engine *e, const int32_t *ids, int n, const en_gen_params 
     CHECK(ok, "request timed out");
     en_request_release(r);
     return ok;
+}
+
+/* (h): 8 prompts of a shared 203-token prefix (25 full blocks of 8) and
+ * different 12-token tails. */
+static void check_prefix_cache(en_model *m, const en_tokenizer *tok, int V) {
+    enum { NP = 8, PRE = 203, LEN = PRE + 12, BS = 8 };
+    static int32_t pr[NP][LEN];
+    static result ref[NP], got[NP];
+    for (int i = 0; i < NP; i++)
+        for (int t = 0; t < LEN; t++)
+            pr[i][t] = t < PRE ? 3 + (int32_t)((t * 41) % (V - 3))
+                               : 3 + (int32_t)((t * 7 + i * 53) % (V - 3));
+    en_gen_params gp = en_gen_params_default();
+    gp.max_tokens = 40;
+    gp.ignore_eos = 1;
+    en_err err = {0};
+    en_engine_config ec = en_engine_config_default();
+    ec.max_batch = 8;
+    ec.block_size = BS;
+    ec.prefill_chunk = 64;
+    ec.n_ctx = 256; /* so that a pool of 32 blocks is one context */
+    ec.no_prefix_cache = 1;
+    en_engine *e = NULL;
+    CHECK(en_engine_create(m, tok, &ec, &e, &err) == EN_OK, "%s", err.msg);
+    if (!e) return;
+    for (int i = 0; i < NP; i++) run_one(e, pr[i], LEN, &gp, &ref[i]);
+    en_engine_stats st;
+    en_engine_get_stats(e, &st);
+    CHECK(st.prefix_hits == 0 && ref[1].cached_tokens == 0, "no cache: %llu hits",
+          (unsigned long long)st.prefix_hits);
+    en_engine_destroy(e);
+    /* with the cache, in three rounds: one after another, all at once, and
+     * all at once in a pool of 32 blocks (they must preempt each other) */
+    for (int round = 0; round < 3; round++) {
+        ec.no_prefix_cache = 0;
+        ec.kv_cache_tokens = round == 2 ? 32 * BS : 0;
+        CHECK(en_engine_create(m, tok, &ec, &e, &err) == EN_OK, "%s", err.msg);
+        if (!e) return;
+        if (round == 0) {
+            for (int i = 0; i < NP; i++) run_one(e, pr[i], LEN, &gp, &got[i]);
+        } else {
+            run_one(e, pr[0], LEN, &gp, &got[0]); /* fills the cache */
+            en_request *r[NP] = {0};
+            for (int i = 1; i < NP; i++)
+                CHECK(en_engine_submit(e, pr[i], LEN, &gp, &r[i], &err) == EN_OK, "%s", err.msg);
+            for (int i = 1; i < NP; i++) {
+                if (r[i]) collect(r[i], &got[i]);
+                en_request_release(r[i]);
+            }
+        }
+        int same = 0, cached = 1;
+        for (int i = 0; i < NP; i++) {
+            same += got[i].n == ref[i].n && memcmp(got[i].ids, ref[i].ids, 4 * (size_t)ref[i].n) == 0;
+            /* the first of a round finds nothing; the others at least the
+             * prefix's full blocks (preempted ones may find more) */
+            cached &= i == 0 ? got[i].cached_tokens == 0 : got[i].cached_tokens >= PRE / BS * BS;
+        }
+        en_engine_get_stats(e, &st);
+        printf("(h) prefix cache, round %d: %d of %d identical to no cache; cached_tokens of the "
+               "second %d; hits %llu of %llu tokens looked up; %d blocks cached; %llu "
+               "preemptions; blocks used after: %d\n",
+               round, same, NP, got[1].cached_tokens, (unsigned long long)st.prefix_hits,
+               (unsigned long long)st.prefix_queries, st.prefix_cached_blocks,
+               (unsigned long long)st.preemptions, st.kv_blocks_used);
+        CHECK(same == NP && cached && st.kv_blocks_used == 0, "round %d", round);
+        CHECK(st.prefix_hits >= (uint64_t)(NP - 1) * (PRE / BS * BS), "round %d: hits", round);
+        if (round == 2) CHECK(st.preemptions > 0, "the small pool must preempt");
+        en_engine_destroy(e);
+    }
 }
 
 /* Prompts of different lengths, made of the model's own pieces. */
@@ -333,6 +408,7 @@ int main(void) {
     CHECK(st.preemptions > 0, "the pool was too small for all: some must have been preempted");
     CHECK(same_g == 8 && st.kv_blocks_used == 0);
     en_engine_destroy(e);
+    check_prefix_cache(m, tok, V);
 
     ec.kv_cache_tokens = 0;
     ec.max_batch = 1;

@@ -119,6 +119,8 @@ export EN_URL=$URL EN_SERVER_PID=$SPID EN_MODEL_DIR=$T/model EN_MODEL_NAME=$NAME
 pass=0
 fail=0
 skipped=()
+# a FAIL line of this script itself, kept for the recap at the end
+hfail() { echo "FAIL $*" | tee -a "$T/harness.out"; }
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 SCRIPTS=${EN_SERVE_TESTS:-api_openai bad_input concurrency embeddings disconnect chat_page chat_cli soak sigterm}
 for script in $SCRIPTS; do
@@ -135,12 +137,12 @@ for script in $SCRIPTS; do
     if [ "$rc" -eq 77 ]; then
         skipped+=("$script")
     elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-        echo "FAIL $script: exited $rc without a FAIL line"
+        hfail "$script: exited $rc without a FAIL line"
         fail=$((fail + 1))
     fi
     echo "     ($script: $((SECONDS - t0)) s)"
     if [ "$script" != sigterm ] && ! alive "$SPID"; then
-        echo "FAIL the server died during $script"
+        hfail "the server died during $script"
         fail=$((fail + 1))
         break
     fi
@@ -172,7 +174,7 @@ case " $SCRIPTS " in *" concurrency "*)
     sed 's/^\(PASS\|FAIL\) /\1 q8: /' "$T/concurrency-q8.out"
     pass=$((pass + $(grep -c '^PASS ' "$T/concurrency-q8.out")))
     fail=$((fail + $(grep -c '^FAIL ' "$T/concurrency-q8.out")))
-    [ -n "$QURL" ] || { echo "FAIL the q8 server did not start"; fail=$((fail + 1)); }
+    [ -n "$QURL" ] || { hfail "the q8 server did not start"; fail=$((fail + 1)); }
     kill -TERM "$QPID" 2>/dev/null
     wait "$QPID" 2>/dev/null
     ;;
@@ -190,7 +192,7 @@ case " $SCRIPTS " in *" embeddings "*)
         cat "$T/embeddings-$pool.out"
         pass=$((pass + $(grep -c '^PASS ' "$T/embeddings-$pool.out")))
         fail=$((fail + $(grep -c '^FAIL ' "$T/embeddings-$pool.out")))
-        [ -n "$QURL" ] || { echo "FAIL the embeddings server ($pool) did not start"; fail=$((fail + 1)); }
+        [ -n "$QURL" ] || { hfail "the embeddings server ($pool) did not start"; fail=$((fail + 1)); }
         kill -TERM "$QPID" 2>/dev/null
         wait "$QPID" 2>/dev/null
     done
@@ -212,13 +214,13 @@ if [ "$rc" -eq 0 ]; then
     echo "PASS main server exit status after SIGTERM: 0"
     pass=$((pass + 1))
 else
-    echo "FAIL main server exit status after SIGTERM: $rc"
+    hfail "main server exit status after SIGTERM: $rc"
     fail=$((fail + 1))
 fi
 
 # Sanitizer reports from any server of the session
 if grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log >/dev/null 2>&1; then
-    echo "FAIL sanitizer reports in: $(grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | xargs -n1 basename | tr '\n' ' ')"
+    hfail "sanitizer reports in: $(grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | xargs -n1 basename | tr '\n' ' ')"
     grep -h -A12 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | head -60
     fail=$((fail + 1))
 fi
@@ -233,5 +235,10 @@ if [ "$fail" -gt 0 ]; then
     done
 fi
 [ ${#skipped[@]} -gt 0 ] && echo "skipped: ${skipped[*]}"
+# The failed checks once more, last: a CI log cut in the middle keeps its tail.
+if [ "$fail" -gt 0 ]; then
+    echo "---- failed checks"
+    grep '^FAIL ' "$T"/*.out 2>/dev/null | sed "s|^$T/||" | cut -c1-300
+fi
 echo "test_serve: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
