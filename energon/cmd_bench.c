@@ -206,7 +206,7 @@ static int bench_decode_batched(const char *cmd, en_cli_model *cm, int seqs, int
     for (int r = -1; r < repeats; r++) { /* one warm-up run */
         for (int s = 0; s < seqs; s++)
             sq[s] = (en_batch_seq){ids + (size_t)s * ctx, prompt, 0, blocks + (size_t)s * per_seq,
-                                   per_seq, logits + (size_t)s * V, NULL};
+                                   per_seq, logits + (size_t)s * V, NULL, NULL};
         if (en_model_forward_batch(b, kv, sq, seqs, &err)) goto fail;
         double t0 = en_time_now();
         for (int t = 0; t < tokens; t++) {

@@ -24,6 +24,8 @@ struct en_batch {
     float *xsel;      /* (max_seqs, C) last rows of the sequences that want logits */
     float *lg;        /* (max_seqs, V) */
     int invariant;    /* en_batch_set_invariant */
+    size_t lora_u_cap; /* floats in lora_u */
+    en_lora_seg *segs; /* (max_seqs) runs of sequences of one adapter */
 };
 
 void en_batch_set_invariant(en_batch *b, int on) { b->invariant = on != 0; }
@@ -63,9 +65,11 @@ en_status en_batch_create(en_model *m, int max_tokens, int max_seqs, int max_ctx
     b->tmp = en_backend_alloc(be, N * wide * sizeof(float));
     b->k_new = en_backend_alloc(be, N * kvd * sizeof(float));
     b->v_new = en_backend_alloc(be, N * kvd * sizeof(float));
-    if (m->lora)
-        b->lora_u = en_backend_alloc(be, N * (size_t)en_lora_get_config(m->lora)->rank *
-                                             sizeof(float));
+    if (m->lora) {
+        b->lora_u_cap = N * (size_t)en_lora_get_config(m->lora)->rank;
+        b->lora_u = en_backend_alloc(be, b->lora_u_cap * sizeof(float));
+    }
+    b->segs = en_malloc(S * sizeof(en_lora_seg));
     b->ids = en_malloc(N * sizeof(int32_t));
     b->pos = en_malloc(N * sizeof(int32_t));
     b->store_rows = en_malloc(N * sizeof(int32_t));
@@ -77,7 +81,7 @@ en_status en_batch_create(en_model *m, int max_tokens, int max_seqs, int max_ctx
     b->lg = en_backend_alloc(be, S * (size_t)hp->n_vocab * sizeof(float));
     if (!b->x || !b->xn || !b->q || !b->att || !b->gate || !b->up || !b->tmp || !b->k_new ||
         !b->v_new || (m->lora && !b->lora_u) || !b->ids || !b->pos || !b->store_rows ||
-        !b->tok_off || !b->n_keys || !b->kv_off || !b->kv_rows || !b->xsel || !b->lg) {
+        !b->tok_off || !b->n_keys || !b->kv_off || !b->kv_rows || !b->xsel || !b->lg || !b->segs) {
         en_batch_destroy(b);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory for a batch of %d tokens", max_tokens);
     }
@@ -98,6 +102,7 @@ void en_batch_destroy(en_batch *b) {
     en_free(b->n_keys);
     en_free(b->kv_off);
     en_free(b->kv_rows);
+    en_free(b->segs);
     en_free(b);
 }
 
@@ -143,9 +148,32 @@ static en_status check_step(const en_batch *b, const en_kv_pool *kv, const en_ba
 
 static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, int n_seqs);
 
+/* The adapters' (rows, r) scratch grows to the largest rank of the step's
+ * adapters times its rows (adapters come and go while serving). */
+static en_status lora_scratch(en_batch *b, const en_batch_seq *seqs, int n_seqs, en_err *err) {
+    int rank = 0, n = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const en_lora *lo = seqs[s].lora ? seqs[s].lora : b->m->lora;
+        if (lo && en_lora_get_config(lo)->rank > rank) rank = en_lora_get_config(lo)->rank;
+        n += seqs[s].n;
+    }
+    size_t need = (size_t)n * (size_t)rank;
+    if (need <= b->lora_u_cap) return EN_OK;
+    en_backend *be = b->m->be;
+    size_t cap = (size_t)b->max_tokens * (size_t)rank;
+    float *u = en_backend_alloc(be, cap * sizeof(float));
+    if (!u)
+        return EN_ERR(err, EN_ERR_NOMEM, "out of memory for LoRA scratch of rank %d", rank);
+    en_backend_free(be, b->lora_u);
+    b->lora_u = u;
+    b->lora_u_cap = cap;
+    return EN_OK;
+}
+
 en_status en_model_forward_batch(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs,
                                  int n_seqs, en_err *err) {
     en_status st = check_step(b, kv, seqs, n_seqs, err);
+    if (st == EN_OK) st = lora_scratch(b, seqs, n_seqs, err);
     if (st != EN_OK) return st;
     /* batch invariance is this batch's choice: the backend's mode is set
      * for the step and put back after it */
@@ -169,6 +197,25 @@ static float *first_logits(const en_batch_seq *seqs, int n_seqs, int V) {
         nr++;
     }
     return first;
+}
+
+/* Runs of consecutive sequences of one adapter, as row ranges, in
+ * b->segs; 0 when no sequence names its own adapter (then the model's own,
+ * if any, applies to every row as in a single-sequence pass). */
+static int lora_segments(en_batch *b, const en_batch_seq *seqs, int n_seqs) {
+    int own = 0;
+    for (int s = 0; s < n_seqs; s++) own |= seqs[s].lora != NULL;
+    if (!own) return 0;
+    int ns = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const en_lora *lo = seqs[s].lora ? seqs[s].lora : b->m->lora;
+        if (ns && b->segs[ns - 1].lora == lo) {
+            b->segs[ns - 1].n_rows += seqs[s].n;
+            continue;
+        }
+        b->segs[ns++] = (en_lora_seg){b->tok_off[s], seqs[s].n, lo};
+    }
+    return ns;
 }
 
 /* The step itself (checked by check_step). */
@@ -205,6 +252,8 @@ static void forward_step(en_batch *b, en_kv_pool *kv, const en_batch_seq *seqs, 
     en_embed_pos_fwd(m, b->x, b->pos, n, b->xn);
     en_layer_acts a = en_infer_acts(b->xn, b->q, b->att, b->gate, b->up, b->tmp, b->lora_u);
     a.pg = &pg;
+    a.n_segs = lora_segments(b, seqs, n_seqs);
+    a.segs = a.n_segs ? b->segs : NULL;
     for (int l = 0; l < hp->n_layer; l++)
         m->fam->layer_fwd(m, l, b->x, n, 1, b->pos, en_kv_pool_k(kv, l), en_kv_pool_v(kv, l), 0,
                           &a);

@@ -20,6 +20,23 @@
 
 #define LP(l, t) (lo ? en_lora_get(lo, (l), (t)) : NULL)
 
+/* y = x W^T + b with the adapters on target t of layer l: the model's own
+ * on every row, or in a batched step each run of rows its own (a->segs). */
+static void lin_fwd(const en_model *m, const en_layer_acts *a, int l, int t, int row_parallel,
+                    float *y, const float *x, const float *w, const float *b, int n, int N,
+                    int K) {
+    if (a->segs) {
+        en_linear_segs_fwd(m, y, x, w, b, a->segs, a->n_segs, l, t, a->lora_u, a->tmp, n, N, K);
+        return;
+    }
+    const en_lora *lo = m->lora;
+    const float s = lo ? en_lora_scale(lo) : 0.0f;
+    if (row_parallel)
+        en_linear_row_fwd(m, y, x, w, b, LP(l, t), s, a->lora_u, a->tmp, n, N, K);
+    else
+        en_linear_fwd(m, y, x, w, b, LP(l, t), s, a->lora_u, a->tmp, n, N, K);
+}
+
 /* RoPE on the n rows of q or the new k (H heads, rows of stride floats).
  * A paged step mixes sequences of different lengths: where the table
  * depends on the length (dynamic, longrope), each sequence gets its own. */
@@ -98,8 +115,6 @@ static void attention_fwd(const en_model *m, int l, int n, int n_seq, const int3
     const en_layer_w *w = &m->w.layers[l];
     const int C = hp->n_embd, H = hp->n_head, Hkv = hp->n_kv_head, D = hp->head_dim;
     const int QD = H * D, KVD = Hkv * D;
-    const en_lora *lo = m->lora;
-    const float s = lo ? en_lora_scale(lo) : 0.0f;
     const en_attn_params ap = attn_params(hp, l);
     const en_paged_step *pg = a->pg;
     /* (n, KVD) rows of these tokens: straight into the cache, or scratch
@@ -109,9 +124,9 @@ static void attention_fwd(const en_model *m, int l, int n, int n_seq, const int3
     /* with q/k norms, training keeps their inputs (q_raw, k_raw) */
     float *q_lin = hp->qk_norm && a->q_raw ? a->q_raw : a->q;
     float *k_lin = hp->qk_norm && a->k_raw ? a->k_raw : k_new;
-    en_linear_fwd(m, q_lin, xin, w->wq, w->bq, LP(l, 0), s, a->lora_u, a->tmp, n, QD, C);
-    en_linear_fwd(m, k_lin, xin, w->wk, w->bk, LP(l, 1), s, a->lora_u, a->tmp, n, KVD, C);
-    en_linear_fwd(m, v_new, xin, w->wv, w->bv, LP(l, 2), s, a->lora_u, a->tmp, n, KVD, C);
+    lin_fwd(m, a, l, 0, 0, q_lin, xin, w->wq, w->bq, n, QD, C);
+    lin_fwd(m, a, l, 1, 0, k_lin, xin, w->wk, w->bk, n, KVD, C);
+    lin_fwd(m, a, l, 2, 0, v_new, xin, w->wv, w->bv, n, KVD, C);
     if (hp->qk_norm) { /* RMSNorm over each head's D values */
         en_op_rmsnorm(be, a->q, q_lin, en_norm_weight(m, w->q_norm, D), hp->norm_eps, n * H, D);
         en_op_rmsnorm(be, k_new, k_lin, en_norm_weight(m, w->k_norm, D), hp->norm_eps, n * Hkv,
@@ -142,8 +157,7 @@ static void attention_fwd(const en_model *m, int l, int n, int n_seq, const int3
                               (size_t)KVD, ps, T, p0 + T, H, Hkv, D, &ap);
     }
     /* row-parallel o_proj: each rank holds a partial sum over its heads */
-    en_linear_row_fwd(m, a->proj, a->att, w->wo, w->bo, LP(l, 3), s, a->lora_u, a->tmp, n, C,
-                      QD);
+    lin_fwd(m, a, l, 3, 1, a->proj, a->att, w->wo, w->bo, n, C, QD);
 }
 
 static void mlp_fwd(const en_model *m, int l, int n, const en_layer_acts *a, const float *xin) {
@@ -151,22 +165,18 @@ static void mlp_fwd(const en_model *m, int l, int n, const en_layer_acts *a, con
     const en_model_hparams *hp = &m->hl; /* this rank's MLP width */
     const en_layer_w *w = &m->w.layers[l];
     const int C = hp->n_embd, F = hp->n_ff;
-    const en_lora *lo = m->lora;
-    const float s = lo ? en_lora_scale(lo) : 0.0f;
-    en_linear_fwd(m, a->up, xin, w->w_up, w->b_up, LP(l, 5), s, a->lora_u, a->tmp, n, F, C);
+    lin_fwd(m, a, l, 5, 0, a->up, xin, w->w_up, w->b_up, n, F, C);
     if (!w->w_gate) { /* GPT-2: h = gelu(up) */
         en_op_gelu(be, a->h, a->up, (size_t)n * F);
     } else {
-        en_linear_fwd(m, a->gate, xin, w->w_gate, w->b_gate, LP(l, 4), s, a->lora_u, a->tmp, n,
-                      F, C);
+        lin_fwd(m, a, l, 4, 0, a->gate, xin, w->w_gate, w->b_gate, n, F, C);
         if (hp->act == EN_ACT_GELU_TANH)
             en_op_geglu(be, a->h, a->gate, a->up, (size_t)n * F);
         else
             en_op_swiglu(be, a->h, a->gate, a->up, (size_t)n * F);
     }
     /* row-parallel down_proj: partial sum over this rank's slice of F */
-    en_linear_row_fwd(m, a->proj, a->h, w->w_down, w->b_down, LP(l, 6), s, a->lora_u, a->tmp, n,
-                      C, F);
+    lin_fwd(m, a, l, 6, 1, a->proj, a->h, w->w_down, w->b_down, n, C, F);
 }
 
 void en_decoder_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq, const int32_t *pos,

@@ -35,6 +35,23 @@ void en_linear_fwd(const en_model *m, float *y, const float *x, const float *w, 
     en_op_add(be, y, y, tmp, (size_t)M * N);
 }
 
+void en_linear_segs_fwd(const en_model *m, float *y, const float *x, const float *w,
+                        const float *b, const en_lora_seg *sg, int n_sg, int l, int t, float *u,
+                        float *tmp, int M, int N, int K) {
+    en_backend *be = m->be;
+    en_base_matmul(m, y, x, w, b, M, N, K);
+    for (int i = 0; i < n_sg; i++) {
+        const en_lora_pair *lp = sg[i].lora ? en_lora_get(sg[i].lora, l, t) : NULL;
+        if (!lp) continue;
+        const size_t r0 = (size_t)sg[i].row0;
+        const int rows = sg[i].n_rows, r = lp->rank;
+        en_op_matmul(be, u, x + r0 * K, lp->A, NULL, rows, r, K);
+        en_op_scale(be, u, en_lora_scale(sg[i].lora), (size_t)rows * r);
+        en_op_matmul(be, tmp, u, lp->B, NULL, rows, N, r);
+        en_op_add(be, y + r0 * N, y + r0 * N, tmp, (size_t)rows * N);
+    }
+}
+
 /* x and A hold this rank's slice of the input dimension, so u = x A^T is
  * summed over the group; y is a partial sum that the caller reduces next,
  * so the adapter's term is added on rank 0 only. */

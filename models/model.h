@@ -332,6 +332,11 @@ typedef struct en_batch_seq {
     int n_blocks;
     float *logits;
     float *hidden;
+    /* the sequence's LoRA adapter (lora.h), or NULL: the model's own
+     * (en_model_set_lora), if any. Sequences of different adapters share a
+     * step: the base matmuls run once over all rows, each adapter's
+     * low-rank update over its own rows only. */
+    const struct en_lora *lora;
 } en_batch_seq;
 
 /* Scratch for steps of up to max_tokens tokens (summed over sequences) from

@@ -225,7 +225,16 @@ typedef struct en_layer_acts {
     float *xg; /* (n, C) scratch */
     /* Batched serving (en_model_forward_batch), else NULL. */
     const struct en_paged_step *pg;
+    /* Batched serving with per-sequence adapters: runs of consecutive rows
+     * and the adapter of each (NULL: none); NULL: m->lora on every row. */
+    const struct en_lora_seg *segs;
+    int n_segs;
 } en_layer_acts;
+
+typedef struct en_lora_seg {
+    int row0, n_rows;
+    const en_lora *lora;
+} en_lora_seg;
 
 /* One step of the paged KV cache: the n tokens of the step belong to n_seq
  * sequences of varying lengths, concatenated. Each layer writes its new
@@ -282,6 +291,15 @@ void en_linear_fwd(const en_model *m, float *y, const float *x, const float *w, 
 void en_linear_row_fwd(const en_model *m, float *y, const float *x, const float *w,
                        const float *b, const en_lora_pair *lp, float s, float *u, float *tmp,
                        int M, int N, int K);
+/* Batched serving with several adapters (no tensor parallelism): the
+ * base product once over all M rows, then for each segment with an
+ * adapter on target t of layer l its low-rank term over its rows only
+ * (cost proportional to them, as Punica / S-LoRA do), with the same
+ * operations as en_linear_fwd, so a row gets the same bits either way in
+ * batch-invariant mode. u (rows, r) and tmp (rows, N) are scratch. */
+void en_linear_segs_fwd(const en_model *m, float *y, const float *x, const float *w,
+                        const float *b, const en_lora_seg *sg, int n_sg, int l, int t, float *u,
+                        float *tmp, int M, int N, int K);
 /* Backward of either: dx += dy W (+ the adapter's), dW += dy^T x, db += sum dy,
  * and the adapter's dA, dB when lp is not NULL. row_parallel: o / down. */
 void en_linear_bwd(en_grad_ctx *g, float *dx, float *dW, float *db, const float *dy,

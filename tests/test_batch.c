@@ -12,12 +12,17 @@
  *       whether it runs mixed (a) or alone with other chunk sizes;
  *   (c) mistral's sliding window holds over block boundaries;
  *   (d) bad steps are refused with EN_ERR_ARG and leave the pool as it was;
- *       the pool hands out and takes back blocks exactly.
+ *       the pool hands out and takes back blocks exactly;
+ *   (e) per-sequence LoRA adapters: A with a PEFT-written adapter, mixed in
+ *       the same steps with a base sequence and one of another adapter,
+ *       matches PEFT's logits within 1e-4 and is bit-identical to A alone
+ *       and to A with the adapter attached to the model.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../models/lora.h"
 #include "../models/model.h"
 #include "test_util.h"
 
@@ -56,6 +61,9 @@ static void seq_blocks(en_kv_pool *kv, seq *s, int upto) {
     }
 }
 
+/* The adapters of A, B and C in run() (NULL: the model's own), for (e). */
+static const en_lora *g_lora[3];
+
 /* Run A (with logits after each step) and, when mixed, B and C alongside.
  * chunks: A's tokens per step (0-terminated; the rest one at a time).
  * out (T, V): row t = logits after A's token t, for the tokens that ended a
@@ -77,7 +85,7 @@ static int run(en_model *m, en_kv_pool *kv, en_batch *b, const int32_t *ids, int
         if (na > A.len - A.done) na = A.len - A.done;
         seq_blocks(kv, &A, A.done + na);
         bs[ns++] = (en_batch_seq){A.ids + A.done, na, A.done, A.blocks, A.n_blocks,
-                                  out + (size_t)(A.done + na - 1) * V, NULL};
+                                  out + (size_t)(A.done + na - 1) * V, NULL, g_lora[0]};
         seq *others[2] = {&B, &Cq};
         for (int k = 0; k < 2 && mixed; k++) {
             seq *o = others[k];
@@ -89,7 +97,7 @@ static int run(en_model *m, en_kv_pool *kv, en_batch *b, const int32_t *ids, int
             seq_blocks(kv, o, o->done + n);
             which[ns] = o;
             bs[ns++] = (en_batch_seq){o->ids + o->done, n, o->done, o->blocks, o->n_blocks,
-                                      scratch, NULL};
+                                      scratch, NULL, g_lora[1 + k]};
         }
         en_err err = {0};
         if (en_model_forward_batch(b, kv, bs, ns, &err) != EN_OK) {
@@ -119,19 +127,19 @@ static void check_errors(en_model *m, en_kv_pool *kv, en_batch *b) {
     int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     en_err err = {0};
     /* 9 tokens need 3 blocks of 4 */
-    en_batch_seq s = {ids, 9, 0, blk, 2, NULL, NULL};
+    en_batch_seq s = {ids, 9, 0, blk, 2, NULL, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "cover"),
           "%s", err.msg);
     ids[0] = V;
-    s = (en_batch_seq){ids, 8, 0, blk, 2, NULL, NULL};
+    s = (en_batch_seq){ids, 8, 0, blk, 2, NULL, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "token id"),
           "%s", err.msg);
     ids[0] = 1;
     int32_t bad[2] = {blk[0], blk[1] + 1000};
-    s = (en_batch_seq){ids, 8, 0, bad, 2, NULL, NULL};
+    s = (en_batch_seq){ids, 8, 0, bad, 2, NULL, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG && strstr(err.msg, "block"),
           "%s", err.msg);
-    s = (en_batch_seq){ids, 0, 0, blk, 2, NULL, NULL};
+    s = (en_batch_seq){ids, 0, 0, blk, 2, NULL, NULL, NULL};
     CHECK(en_model_forward_batch(b, kv, &s, 1, &err) == EN_ERR_ARG, "empty sequence");
     en_kv_pool_free(kv, blk, 2);
     CHECK(en_kv_pool_n_free(kv) == n_free, "blocks come back");
@@ -181,6 +189,101 @@ static void check_prefix_pool(en_model *m) {
     CHECK(en_kv_pool_register(kv, chain, 1, toks + BS, 7) == 1);
     CHECK(en_kv_pool_match(kv, toks, 3, 7, got) == 2, "a stale child is not matched");
     en_kv_pool_destroy(kv);
+}
+
+/* (e) A second adapter for the mix: rank 8 on q, v, down, B nonzero. */
+static en_lora *other_adapter(en_backend *be, const en_model *m) {
+    en_err err = {0};
+    en_lora_config cfg = {8, 16.0f, EN_LORA_Q | EN_LORA_V | EN_LORA_DOWN};
+    en_lora *l = NULL;
+    if (en_lora_create(be, en_model_get_hparams(m), &cfg, &l, &err) != EN_OK) return NULL;
+    en_lora_init(l, 7);
+    for (int i = 0; i < en_lora_n_tensors(l); i++) {
+        const char *name;
+        float *d;
+        int64_t sh[2];
+        en_lora_tensor(l, i, &name, &d, sh);
+        if (!strstr(name, "lora_B")) continue;
+        float *h = malloc((size_t)(sh[0] * sh[1]) * sizeof(float));
+        for (int64_t k = 0; k < sh[0] * sh[1]; k++) h[k] = 0.05f * (float)((k * 37 % 11) - 5);
+        en_backend_upload(be, d, h, (size_t)(sh[0] * sh[1]) * sizeof(float));
+        free(h);
+    }
+    return l;
+}
+
+static void check_multi_lora(en_backend *be) {
+    char dir[1024], ad[1024], path[1100];
+    snprintf(dir, sizeof dir, "%s/hf/llama_gqa_tied", EN_FIXTURES);
+    snprintf(ad, sizeof ad, "%s/grad/llama_gqa_tied_lora_adapter", EN_FIXTURES);
+    snprintf(path, sizeof path, "%s/grad/llama_gqa_tied_lora_merged.bin", EN_FIXTURES);
+    int T = 0, V = 0;
+    int32_t *ids = NULL;
+    float *ref = NULL;
+    en_err err = {0};
+    en_model_params mp = en_model_params_default();
+    mp.backend = be;
+    en_model *m = NULL;
+    en_lora *l1 = NULL, *l2 = NULL;
+    if (!read_fixture(path, &T, &V, &ids, &ref) || en_model_load(dir, &mp, &m, &err) != EN_OK ||
+        en_lora_load_peft(be, en_model_get_hparams(m), ad, &l1, &err) != EN_OK ||
+        !(l2 = other_adapter(be, m))) {
+        CHECK(0, "(e) setting up: %s", err.msg);
+        return;
+    }
+    en_kv_pool *kv = NULL;
+    en_batch *b = NULL;
+    CHECK(en_kv_pool_create(m, 40, BS, &kv, &err) == EN_OK, "%s", err.msg);
+    CHECK(en_batch_create(m, 32, 4, 64, &b, &err) == EN_OK, "%s", err.msg);
+    float *out[4];
+    int *got[4];
+    for (int i = 0; i < 4; i++) {
+        out[i] = calloc((size_t)T * V, sizeof(float));
+        got[i] = calloc((size_t)T, sizeof(int));
+    }
+    const int chunks_mixed[] = {7, 2, 0}, chunks_alone[] = {3, 5, 1, 0};
+    en_backend_set_batch_invariant(be, 1);
+    const en_lora *mixes[2][3] = {{l1, NULL, l2}, {l1, l2, l1}};
+    for (int k = 0; k < 2; k++) {
+        memcpy(g_lora, mixes[k], sizeof g_lora);
+        run(m, kv, b, ids, T, 1, chunks_mixed, out[k], got[k]);
+    }
+    g_lora[0] = l1;
+    run(m, kv, b, ids, T, 0, chunks_alone, out[2], got[2]);
+    g_lora[0] = NULL; /* the same adapter attached to the model instead */
+    CHECK(en_model_set_lora(m, l1, &err) == EN_OK, "%s", err.msg);
+    run(m, kv, b, ids, T, 0, chunks_alone, out[3], got[3]);
+    en_model_set_lora(m, NULL, &err);
+    en_backend_set_batch_invariant(be, 0);
+    double worst = 0;
+    int same = 1, compared = 0;
+    for (int t = 0; t < T; t++) {
+        if (!got[0][t]) continue;
+        double e = en_test_max_rel_err(out[0] + (size_t)t * V, ref + (size_t)t * V, V);
+        if (e > worst) worst = e;
+        for (int k = 1; k < 4; k++) {
+            if (!got[k][t]) continue;
+            compared++;
+            same &= memcmp(out[0] + (size_t)t * V, out[k] + (size_t)t * V,
+                           (size_t)V * sizeof(float)) == 0;
+        }
+    }
+    printf("(e) A with a PEFT adapter beside a base sequence and another adapter: max rel err "
+           "%.2e vs PEFT; bit-identical to other mixes, alone and attached at %d rows: %s\n",
+           worst, compared, same ? "yes" : "NO");
+    CHECK(worst <= REL_TOL, "(e) max rel err %.3e vs PEFT", worst);
+    CHECK(compared >= 2 * T - 10 && same, "(e) adapter rows depend on the batch");
+    for (int i = 0; i < 4; i++) {
+        free(out[i]);
+        free(got[i]);
+    }
+    free(ids);
+    free(ref);
+    en_batch_destroy(b);
+    en_kv_pool_destroy(kv);
+    en_lora_destroy(l1);
+    en_lora_destroy(l2);
+    en_model_destroy(m);
 }
 
 int main(void) {
@@ -272,6 +375,7 @@ int main(void) {
         en_kv_pool_destroy(kv);
         en_model_destroy(m);
     }
+    check_multi_lora(be);
     en_backend_destroy(be);
     return en_test_finish("test_batch");
 }
