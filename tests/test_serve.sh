@@ -10,6 +10,8 @@
 #                OpenAI-shaped error, the server unharmed
 #   concurrency  32 concurrent clients, each answer equal to the same request
 #                sent alone; /metrics shows they ran together
+#   prefix_cache 16 prompts sharing ~300 tokens: cached_tokens are their shared
+#                full blocks, answers equal a --no-prefix-cache server's
 #   disconnect   a client that goes away frees its KV blocks at once
 #   chat_page    the chat page in headless Chromium streams the API's answer
 #   chat_cli     `energon chat` piped, against the server and in-process
@@ -122,31 +124,9 @@ skipped=()
 # a FAIL line of this script itself, kept for the recap at the end
 hfail() { echo "FAIL $*" | tee -a "$T/harness.out"; }
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
-SCRIPTS=${EN_SERVE_TESTS:-api_openai bad_input concurrency embeddings disconnect chat_page chat_cli soak sigterm}
-for script in $SCRIPTS; do
-    [ "$script" = embeddings ] && continue # its own servers, below
-    echo "---- $script"
-    t0=$SECONDS
-    (cd "$HERE/serve" && "$PY" -u "$script.py") >"$T/$script.out" 2>&1
-    rc=$?
-    cat "$T/$script.out"
-    p=$(grep -c '^PASS ' "$T/$script.out")
-    f=$(grep -c '^FAIL ' "$T/$script.out")
-    pass=$((pass + p))
-    fail=$((fail + f))
-    if [ "$rc" -eq 77 ]; then
-        skipped+=("$script")
-    elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-        hfail "$script: exited $rc without a FAIL line"
-        fail=$((fail + 1))
-    fi
-    echo "     ($script: $((SECONDS - t0)) s)"
-    if [ "$script" != sigterm ] && ! alive "$SPID"; then
-        hfail "the server died during $script"
-        fail=$((fail + 1))
-        break
-    fi
-done
+DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings disconnect chat_page"
+DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
+SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
 
 # A second server: side_server LOG ARGS... starts `energon serve ARGS` on
 # an ephemeral port, logging to $T/LOG, and sets QPID and QURL (empty when
@@ -163,6 +143,47 @@ side_server() {
         sleep 0.1
     done
 }
+
+for script in $SCRIPTS; do
+    [ "$script" = embeddings ] && continue # its own servers, below
+    # prefix_cache compares the main server (EN_URL) with a second one without
+    # the cache (EN_URL_NOCACHE), started here and stopped after it
+    nocache=
+    if [ "$script" = prefix_cache ]; then
+        side_server server-nocache.log --model "$T/model" --model-name "$NAME" --ctx "$CTX" \
+            --no-prefix-cache
+        nocache=$QURL
+        if [ -z "$QURL" ]; then
+            hfail "the --no-prefix-cache server did not start"
+            fail=$((fail + 1))
+        fi
+    fi
+    echo "---- $script"
+    t0=$SECONDS
+    (cd "$HERE/serve" && EN_URL_NOCACHE=$nocache "$PY" -u "$script.py") >"$T/$script.out" 2>&1
+    rc=$?
+    cat "$T/$script.out"
+    p=$(grep -c '^PASS ' "$T/$script.out")
+    f=$(grep -c '^FAIL ' "$T/$script.out")
+    pass=$((pass + p))
+    fail=$((fail + f))
+    if [ "$rc" -eq 77 ]; then
+        skipped+=("$script")
+    elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        hfail "$script: exited $rc without a FAIL line"
+        fail=$((fail + 1))
+    fi
+    if [ "$script" = prefix_cache ]; then
+        kill -TERM "$QPID" 2>/dev/null
+        wait "$QPID" 2>/dev/null
+    fi
+    echo "     ($script: $((SECONDS - t0)) s)"
+    if [ "$script" != sigterm ] && ! alive "$SPID"; then
+        hfail "the server died during $script"
+        fail=$((fail + 1))
+        break
+    fi
+done
 
 # ---- the same batch-invariance check on block-quantised weights: a second
 # server with --weights q8 (int8 kernels) runs concurrency.py, whose answers
