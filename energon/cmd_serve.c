@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../common/file.h"
+#include "../serve/adapters.h"
 #include "../serve/engine.h"
 #include "../serve/server.h"
 #include "../tokenizer/chat.h"
@@ -37,6 +38,14 @@ static void usage(FILE *f) {
             "/detokenize and a chat page at /.\n"
             "\n"
             "  --adapter RUN_DIR       a LoRA adapter (run directory or PEFT directory)\n"
+            "                          applied to every request for the base model\n"
+            "  --adapter NAME=RUN_DIR  an adapter served by name beside the base (repeat for\n"
+            "                          more): a request's \"model\" picks it; requests of\n"
+            "                          different adapters share the batched steps\n"
+            "  --adapter-dir DIR       POST /v1/adapters may load adapters from DIR while\n"
+            "                          serving (DELETE /v1/adapters/NAME unloads)\n"
+            "  --max-adapters N        named adapters loaded at once (default 16)\n"
+            "  --max-lora-rank R       largest adapter rank accepted (default 64)\n"
             "  --host ADDR             address to bind (default 127.0.0.1: this machine only)\n"
             "  --port N                TCP port (default 8080; 0 = any free port)\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY'\n"
@@ -128,6 +137,30 @@ static char *read_key_file(const char *path) {
     return data;
 }
 
+/* --adapter NAME=DIR: each loaded and added to the set by name. */
+static int load_named(en_cli_model *cm, en_adapter_set *set, const char *const *named, int n) {
+    en_err err = {0};
+    for (int i = 0; i < n; i++) {
+        const char *eq = strchr(named[i], '=');
+        char name[EN_ADAPTER_NAME_MAX];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - named[i]), named[i]);
+        en_lora *l = NULL;
+        int rank = 0;
+        en_status st = en_lora_load_peft(cm->be, en_model_get_hparams(cm->model), eq + 1, &l,
+                                         &err);
+        if (st == EN_OK) {
+            rank = en_lora_get_config(l)->rank;
+            st = en_adapter_set_add(set, name, eq + 1, l, &err);
+        }
+        if (st != EN_OK) {
+            en_cli_error(CMD, "--adapter %s: %s", named[i], err.msg);
+            return EN_EXIT_ERROR;
+        }
+        fprintf(stderr, "energon serve: adapter '%s' from %s (rank %d)\n", name, eq + 1, rank);
+    }
+    return EN_EXIT_OK;
+}
+
 int en_cmd_serve(int argc, char **argv) {
     en_cli_load_opts lo = {0};
     lo.need_tokenizer = 1;
@@ -135,12 +168,20 @@ int en_cmd_serve(int argc, char **argv) {
     en_engine_config ec = en_engine_config_default();
     const char *api_key = NULL, *api_key_file = NULL, *tmpl_name = NULL, *model_name = NULL;
     int grace = 30, quiet = 0, bad = 0, max_body = 0;
+    int max_adapters = 16, max_rank = 64, n_named = 0;
+    const char *named[64]; /* NAME=DIR of --adapter */
     en_err err = {0};
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
         if (en_cli_switch(argv, i, "--help") || en_cli_switch(argv, i, "-h")) {
             usage(stdout);
             return EN_EXIT_OK;
+        } else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc && strchr(argv[i + 1], '=')) {
+            if (n_named == 64) {
+                en_cli_error(CMD, "--adapter NAME=DIR: at most 64 at start-up");
+                bad = 1;
+            }
+            named[n_named++ % 64] = argv[++i];
         } else if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
         } else if (en_cli_flag(argc, argv, &i, "--host", &v, &bad)) {
             sc.host = v;
@@ -186,6 +227,12 @@ int en_cmd_serve(int argc, char **argv) {
                 en_cli_error(CMD, "--embedding-pooling: '%s' is not mean or last", v);
                 bad = 1;
             }
+        } else if (en_cli_flag(argc, argv, &i, "--adapter-dir", &v, &bad)) {
+            sc.adapter_dir = v;
+        } else if (en_cli_flag(argc, argv, &i, "--max-adapters", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-adapters", v, 1, 4096, &max_adapters)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--max-lora-rank", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-lora-rank", v, 1, 65536, &max_rank)) bad = 1;
         } else if (en_cli_switch(argv, i, "--no-prefix-cache")) {
             ec.no_prefix_cache = 1;
         } else if (en_cli_switch(argv, i, "--quiet")) {
@@ -210,6 +257,15 @@ int en_cmd_serve(int argc, char **argv) {
     }
     if (api_key && !*api_key) {
         en_cli_error(CMD, "--api-key: the key is empty");
+        return EN_EXIT_USAGE;
+    }
+    if (sc.adapter_dir && !en_path_is_dir(sc.adapter_dir)) {
+        en_cli_error(CMD, "--adapter-dir: %s is not a directory", sc.adapter_dir);
+        return EN_EXIT_USAGE;
+    }
+    if (n_named > max_adapters) {
+        en_cli_error(CMD, "%d --adapter NAME=DIR given but --max-adapters is %d", n_named,
+                     max_adapters);
         return EN_EXIT_USAGE;
     }
     exec_passive_omp(argc, argv);
@@ -238,6 +294,12 @@ int en_cmd_serve(int argc, char **argv) {
     en_cli_model cm;
     en_chat_template *tmpl = NULL;
     int loaded = 0;
+    en_adapter_set *set = NULL;
+    if (en_adapter_set_create(max_adapters, max_rank, &set, &err) != EN_OK) {
+        en_cli_error(CMD, "%s", err.msg);
+        return EN_EXIT_USAGE;
+    }
+    sc.adapters = set;
     /* Bind first, so that a taken port fails at once; requests get 503
      * until the model is in. "listening" is printed once it is. */
     if (en_server_start(NULL, NULL, NULL, &sc, &srv, &err) != EN_OK) {
@@ -256,6 +318,8 @@ int en_cmd_serve(int argc, char **argv) {
     rc = en_cli_load(CMD, &lo, &cm);
     if (rc) goto done;
     loaded = 1;
+    rc = load_named(&cm, set, named, n_named);
+    if (rc) goto done;
     rc = en_cli_chat_template(CMD, lo.dir, tmpl_name, cm.tok, &tmpl);
     if (rc) goto done;
     rc = EN_EXIT_ERROR;
@@ -284,6 +348,7 @@ done:
     en_server_stop(srv, grace);
     if (eng) en_engine_destroy(eng);
     en_chat_template_destroy(tmpl);
+    en_adapter_set_destroy(set); /* after the engine: no request holds one now */
     if (loaded) en_cli_unload(&cm);
     en_free(key_buf);
     if (rc == EN_EXIT_OK) fprintf(stderr, "energon serve: stopped\n");

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "../tokenizer/stop.h"
+#include "adapters.h"
 
 enum { RS_WAITING = 0, RS_RUNNING = 1, RS_DONE = 2 };
 
@@ -34,7 +35,9 @@ struct en_request {
     /* immutable after submit */
     int32_t *prompt;
     int n_prompt;
-    en_gen_params p;
+    en_gen_params p;   /* p.adapter NULL: the reference is in adapter */
+    en_adapter *adapter; /* or NULL: the base */
+    int32_t adapter_id;  /* its id (0: the base), the prefix cache's key */
     char *stops[EN_MAX_STOPS];
     char *end_of_turn; /* or NULL */
     double t_submit;
@@ -93,6 +96,7 @@ struct en_engine {
     en_batch_seq *seqs;
     en_request **seq_req;
     int32_t *pre_id;   /* (max_batch) a token sampled before on_token, -1: none */
+    int *order;        /* (max_batch) running requests grouped by adapter */
     int *par;          /* (max_batch) the step's rows sampled in parallel */
     int n_threads;     /* the backend's host threads: sampling's too */
     float *logits; /* (max_batch, V) */
@@ -176,6 +180,7 @@ static void request_free(en_request *r) {
     en_free(r->blocks);
     en_free(r->pool);
     en_free(r->emb);
+    en_adapter_release(r->adapter);
     en_sampler_destroy(r->smp);
     en_detok_destroy(r->dt);
     en_stop_destroy(r->stop);
@@ -438,7 +443,8 @@ static void register_blocks(en_engine *e, en_request *r) {
     if (e->cfg.no_prefix_cache) return;
     const int bs = e->cfg.block_size;
     for (const int full = r->n_fed / bs; r->n_reg < full; r->n_reg++)
-        en_kv_pool_register(e->kv, r->blocks, r->n_reg, r->toks + (size_t)r->n_reg * bs, 0);
+        en_kv_pool_register(e->kv, r->blocks, r->n_reg, r->toks + (size_t)r->n_reg * bs,
+                            r->adapter_id);
 }
 
 /* An embedding request's hidden states of this step's tokens: summed into
@@ -503,7 +509,7 @@ static void admit(en_engine *e) {
              * never for an embedding, which pools every token's state). */
             int hit = 0;
             const int n_full = e->cfg.no_prefix_cache || r->p.embed ? 0 : (r->n_tok - 1) / bs;
-            if (n_full) hit = en_kv_pool_match(e->kv, r->toks, n_full, 0, r->blocks);
+            if (n_full) hit = en_kv_pool_match(e->kv, r->toks, n_full, r->adapter_id, r->blocks);
             int need = (r->n_tok + 1 + bs - 1) / bs - hit;
             if (need > admit_budget(e) || !en_kv_pool_alloc(e->kv, need, r->blocks + hit)) {
                 en_kv_pool_free(e->kv, r->blocks, hit);
@@ -626,6 +632,20 @@ static void sample_parallel(en_engine *e, int ns) {
     }
 }
 
+/* The running requests' indices in e->order, grouped by adapter (stable):
+ * the batch then applies each adapter once to one run of rows. */
+static void order_by_adapter(en_engine *e) {
+    for (int i = 0; i < e->n_running; i++) {
+        int j = i;
+        const int32_t id = e->running[i]->adapter_id;
+        while (j > 0 && e->running[e->order[j - 1]]->adapter_id > id) {
+            e->order[j] = e->order[j - 1];
+            j--;
+        }
+        e->order[j] = i;
+    }
+}
+
 /* One step: the next token of every decoding request plus prompt chunks
  * of those still prefilling, at most prefill_chunk prompt tokens in all. A
  * request whose known tokens are all in the cache after the step gets
@@ -645,12 +665,13 @@ static void step(en_engine *e) {
     ensure_blocks(e);
     int ns = 0, nl = 0;
     size_t nh = 0;
-    for (int i = 0; i < e->n_running; i++) {
-        en_request *r = e->running[i];
+    order_by_adapter(e);
+    for (int k = 0; k < e->n_running; k++) {
+        en_request *r = e->running[e->order[k]];
         if (r->n_step == 0) continue;
         en_batch_seq *s = &e->seqs[ns];
         *s = (en_batch_seq){r->toks + r->n_fed, r->n_step, r->n_fed, r->blocks, r->n_blocks, NULL,
-                            NULL};
+                            NULL, r->adapter ? en_adapter_lora(r->adapter) : NULL};
         if (r->pool) { /* an embedding: hidden states, never logits */
             s->hidden = e->hid + nh * (size_t)e->n_embd;
             nh += (size_t)r->n_step;
@@ -794,6 +815,7 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
         e->seqs = en_calloc((size_t)c.max_batch, sizeof *e->seqs);
         e->seq_req = en_calloc((size_t)c.max_batch, sizeof *e->seq_req);
         e->pre_id = en_calloc((size_t)c.max_batch, sizeof *e->pre_id);
+        e->order = en_calloc((size_t)c.max_batch, sizeof *e->order);
         e->par = en_calloc((size_t)c.max_batch, sizeof *e->par);
         e->logits = en_malloc((size_t)c.max_batch * hp->n_vocab * sizeof(float));
         e->lp = en_malloc((size_t)hp->n_vocab * sizeof(float));
@@ -801,7 +823,8 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
         e->hid = en_malloc(((size_t)c.max_batch + (size_t)c.prefill_chunk) * (size_t)hp->n_embd *
                            sizeof(float));
         e->n_threads = en_backend_n_threads(en_model_get_backend(m));
-        if (!e->running || !e->seqs || !e->seq_req || !e->pre_id || !e->par || !e->logits ||
+        if (!e->running || !e->seqs || !e->seq_req || !e->pre_id || !e->order || !e->par ||
+            !e->logits ||
             !e->lp || !e->hid)
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for a batch of %d", c.max_batch);
     }
@@ -838,6 +861,7 @@ void en_engine_destroy(en_engine *e) {
     en_free(e->seqs);
     en_free(e->seq_req);
     en_free(e->pre_id);
+    en_free(e->order);
     en_free(e->par);
     en_free(e->logits);
     en_free(e->lp);
@@ -849,6 +873,7 @@ void en_engine_destroy(en_engine *e) {
 
 int en_engine_n_embd(const en_engine *e) { return e->n_embd; }
 int en_engine_n_ctx(const en_engine *e) { return e->cfg.n_ctx; }
+en_model *en_engine_model(const en_engine *e) { return e->m; }
 const en_engine_config *en_engine_get_config(const en_engine *e) { return &e->cfg; }
 
 en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen_params *gp,
@@ -897,6 +922,7 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     r->e = e;
     r->p = *p;
     r->p.stop = NULL;
+    r->p.adapter = NULL; /* r->adapter takes the reference once submitted */
     r->refs = 2;
     r->n_prompt = n;
     r->strip_pending = p->strip_leading_space;
@@ -942,6 +968,8 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
         return s;
     }
     r->t_submit = now_s();
+    r->adapter = gp->adapter; /* set before the scheduler can see r */
+    r->adapter_id = gp->adapter ? en_adapter_id(gp->adapter) : 0;
     pthread_mutex_lock(&e->mu);
     if (e->stopping) s = EN_ERR(err, EN_ERR_CANCELLED, "the server is shutting down");
     else if (e->n_waiting >= e->cfg.max_queue)
@@ -958,6 +986,7 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     }
     pthread_mutex_unlock(&e->mu);
     if (s != EN_OK) {
+        r->adapter = NULL; /* still the caller's */
         request_free(r);
         return s;
     }

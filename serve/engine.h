@@ -65,6 +65,8 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
  * reason "cancelled". Their handles must still be released. */
 void en_engine_destroy(en_engine *e);
 int en_engine_n_ctx(const en_engine *e);
+/* The model the engine serves (for loading adapters that fit it). */
+en_model *en_engine_model(const en_engine *e);
 int en_engine_n_embd(const en_engine *e); /* an embedding's length: the model's hidden size */
 const en_engine_config *en_engine_get_config(const en_engine *e);
 
@@ -91,6 +93,11 @@ typedef struct en_gen_params {
      * or last, computed in double and L2-normalised. Sampling, max_tokens,
      * stops and logprobs are ignored; only the prompt must fit n_ctx. */
     int embed;
+    /* A LoRA adapter of the server's set (adapters.h), acquired by the
+     * caller: on success the engine owns that reference and releases it
+     * when the request is freed; on failure the caller still does. NULL:
+     * the base model (with its own adapter, if it has one). */
+    struct en_adapter *adapter;
 } en_gen_params;
 enum { EN_EMBED_NONE = 0, EN_EMBED_MEAN = 1, EN_EMBED_LAST = 2 };
 en_gen_params en_gen_params_default(void); /* greedy, max_tokens 16 */

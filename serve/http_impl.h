@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "adapters.h"
 #include "server.h"
 
 /* ---- an error in OpenAI's shape ---- */
@@ -68,6 +69,8 @@ typedef enum http_route {
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
     ROUTE_PAGE,
+    ROUTE_ADAPTERS, /* /v1/adapters: GET lists, POST loads */
+    ROUTE_ADAPTER,  /* /v1/adapters/{name}: GET, DELETE unloads */
     ROUTE_COUNT
 } http_route;
 
@@ -118,6 +121,19 @@ void srv_request_done(en_server *s, http_route route, const char *id, const char
 void srv_requests_metrics(en_server *s, char **buf, size_t *len, size_t *cap);
 const char *srv_route_label(http_route r);
 int srv_route_is_post(http_route r); /* the route takes POST (else GET / HEAD) */
+/* 1 when the route takes this method; *allowed: the methods it takes (as
+ * an Allow header lists them). */
+int srv_route_allows(http_route r, const char *method, const char **allowed);
+/* The adapter set (NULL when the server has none) and the directory
+ * POST /v1/adapters may load from (NULL: off). */
+struct en_adapter_set *srv_adapters(const en_server *s);
+const char *srv_adapter_dir(const en_server *s);
+/* The "model" of a request: NULL or the base's name -> *a = NULL (0);
+ * an adapter's name -> *a a reference the caller releases (0); else -1
+ * with a 404 naming the model. */
+int srv_pick_model(en_server *s, const char *model, struct en_adapter **a, oa_err *e);
+/* The /v1/models object of the base (adapter NULL) or of an adapter. */
+json_t *srv_model_json(en_server *s, const char *adapter_name, const char *adapter_path);
 
 /* ---- responses (http_util.c); each returns MHD's result and sets r->status ---- */
 
@@ -172,6 +188,8 @@ void emb_job_free(emb_job *job); /* ids and vectors (not the requests) */
 /* POST /tokenize and /detokenize (http_tokenize.c). */
 enum MHD_Result http_tokenize(http_req *r);
 enum MHD_Result http_detokenize(http_req *r);
+/* GET/POST /v1/adapters, GET/DELETE /v1/adapters/{name} (http_adapters.c). */
+enum MHD_Result http_adapters(http_req *r);
 /* GET /metrics (metrics.c). */
 enum MHD_Result metrics_send(http_req *r);
 

@@ -7,13 +7,13 @@
 
 #include "http_impl.h"
 
-/* An optional "model" must name the served model. */
-static int check_model(const json_t *j, const char *name, oa_err *e) {
+/* An optional "model" must name the served model or one of its adapters
+ * (they share its tokenizer). */
+static int check_model(const json_t *j, en_server *s, oa_err *e) {
     const char *model = NULL;
-    if (oa_get_str(j, "model", NULL, &model, e)) return -1;
-    if (model && strcmp(model, name) != 0)
-        return oa_fail(e, 404, "model_not_found", "model",
-                       "The model '%s' does not exist; this server serves '%s'", model, name);
+    en_adapter *a = NULL;
+    if (oa_get_str(j, "model", NULL, &model, e) || srv_pick_model(s, model, &a, e)) return -1;
+    en_adapter_release(a);
     return 0;
 }
 
@@ -26,7 +26,7 @@ enum MHD_Result http_tokenize(http_req *r) {
     if (!j) return http_send_error(r, &e);
     const char *prompt = NULL;
     int add_special = 1;
-    if (check_model(j, srv_config(r->srv)->model_name, &e) ||
+    if (check_model(j, r->srv, &e) ||
         oa_get_str(j, "prompt", NULL, &prompt, &e) ||
         oa_get_bool(j, "add_special_tokens", NULL, &add_special, &e)) {
         json_decref(j);
@@ -62,7 +62,7 @@ enum MHD_Result http_detokenize(http_req *r) {
     srv_get_engine(r->srv, NULL, &tok);
     json_t *j = oa_parse_body(r->body, r->body_len, &e);
     if (!j) return http_send_error(r, &e);
-    if (check_model(j, srv_config(r->srv)->model_name, &e)) {
+    if (check_model(j, r->srv, &e)) {
         json_decref(j);
         return http_send_error(r, &e);
     }

@@ -123,7 +123,8 @@ enum MHD_Result http_send_json(http_req *r, int status, json_t *body) {
     if (status == 429) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == 405) {
-        const char *allow = srv_route_is_post(r->route) ? "POST" : "GET, HEAD";
+        const char *allow = NULL;
+        srv_route_allows(r->route, "", &allow);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
     http_touch(r->srv, r->conn);

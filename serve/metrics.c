@@ -90,6 +90,15 @@ enum MHD_Result metrics_send(http_req *r) {
               "KV blocks in the prefix cache (held by a request or idle).",
               st.prefix_cached_blocks);
     }
+    en_adapter_set *set = srv_adapters(r->srv);
+    if (set) {
+        int loaded = 0, draining = 0;
+        en_adapter_set_counts(set, &loaded, &draining);
+        gauge(&b, &n, &c, "energon_lora_adapters_loaded", "LoRA adapters loaded by name.",
+              loaded);
+        gauge(&b, &n, &c, "energon_lora_adapters_draining",
+              "Adapters unloaded but still used by running requests.", draining);
+    }
     if (!b) return MHD_NO;
     enum MHD_Result ret =
         http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", b, n, 0);

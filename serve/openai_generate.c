@@ -42,7 +42,8 @@ typedef struct gen {
     int chat;
     char id[48];
     int64_t created;
-    const char *model; /* the server's copy; outlives every request */
+    const char *model; /* the server's copy or the adapter's name (held by adapter) */
+    en_adapter *adapter; /* the "model" named an adapter: a reference, else NULL */
     int n;
     choice ch[MAX_CHOICES];
     int logprobs, top_logprobs;
@@ -100,9 +101,8 @@ static int parse_common(const json_t *j, gen *g, en_gen_params *gp, long long *m
                         uint64_t *seed, int *seeded, oa_err *e) {
     const char *model = NULL;
     if (oa_get_str(j, "model", NULL, &model, e)) return -1;
-    if (model && strcmp(model, g->model) != 0)
-        return oa_fail(e, 404, "model_not_found", "model",
-                       "The model '%s' does not exist; this server serves '%s'", model, g->model);
+    if (srv_pick_model(g->srv, model, &g->adapter, e)) return -1;
+    if (g->adapter) g->model = en_adapter_name(g->adapter);
     /* max_completion_tokens is the newer name; it wins when both are set. */
     if (oa_get_int(j, "max_tokens", NULL, 1, INT_MAX, max_tokens, e)) return -1;
     if (oa_get_int(j, "max_completion_tokens", NULL, 1, INT_MAX, max_tokens, e)) return -1;
@@ -691,6 +691,7 @@ static void gen_destroy(gen *g) {
         json_decref(g->ch[i].lp);
     }
     if (g->counted) srv_active_end(g->srv);
+    en_adapter_release(g->adapter);
     en_free(g->echo);
     en_free(g->out);
     en_free(g);
@@ -862,7 +863,9 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     for (int i = 0; i < n_choices; i++) {
         en_err err = {0};
         gp.sampling.seed = seed + (uint64_t)i;
+        gp.adapter = g->adapter ? en_adapter_retain(g->adapter) : NULL; /* each its own */
         if (en_engine_submit(eng, ids, (int)n_ids, &gp, &g->ch[i].req, &err) != EN_OK) {
+            en_adapter_release(gp.adapter);
             g->ch[i].req = NULL;
             submit_error(&err, chat, &e);
             g->n = i; /* release the ones already queued */

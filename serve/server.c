@@ -38,7 +38,7 @@ typedef struct req_counter {
 struct en_server {
     struct MHD_Daemon *mhd;
     en_server_config cfg; /* strings below are our copies */
-    char *host, *api_key, *model_name;
+    char *host, *api_key, *model_name, *adapter_dir;
     int port;
     int64_t created;
 
@@ -145,6 +145,8 @@ static const char *const k_route_labels[ROUTE_COUNT] = {
     [ROUTE_TOKENIZE] = "/tokenize",
     [ROUTE_DETOKENIZE] = "/detokenize",
     [ROUTE_PAGE] = "/",
+    [ROUTE_ADAPTERS] = "/v1/adapters",
+    [ROUTE_ADAPTER] = "/v1/adapters/{name}",
 };
 
 const char *srv_route_label(http_route r) {
@@ -184,37 +186,72 @@ void srv_requests_metrics(en_server *s, char **buf, size_t *len, size_t *cap) {
 
 /* ---- small endpoints ---- */
 
-static json_t *model_object(en_server *s) {
+struct en_adapter_set *srv_adapters(const en_server *s) { return s->cfg.adapters; }
+const char *srv_adapter_dir(const en_server *s) { return s->adapter_dir; }
+
+json_t *srv_model_json(en_server *s, const char *adapter_name, const char *adapter_path) {
     json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(s->model_name));
+    json_object_set_new(m, "id", json_string(adapter_name ? adapter_name : s->model_name));
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->created));
     json_object_set_new(m, "owned_by", json_string("energon"));
+    json_object_set_new(m, "root", json_string(adapter_name ? adapter_path : s->model_name));
+    json_object_set_new(m, "parent", adapter_name ? json_string(s->model_name) : json_null());
     en_engine *e = NULL;
     if (srv_get_engine(s, &e, NULL))
         json_object_set_new(m, "max_model_len", json_integer(en_engine_n_ctx(e)));
     return m;
 }
 
+int srv_pick_model(en_server *s, const char *model, en_adapter **a, oa_err *e) {
+    *a = NULL;
+    if (!model || strcmp(model, s->model_name) == 0) return 0;
+    if (s->cfg.adapters && (*a = en_adapter_acquire(s->cfg.adapters, model))) return 0;
+    return oa_fail(e, 404, "model_not_found", "model",
+                   "The model '%.200s' does not exist; this server serves '%s'%s", model,
+                   s->model_name, s->cfg.adapters ? " and the adapters GET /v1/models lists" : "");
+}
+
 static enum MHD_Result send_models(http_req *r) {
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_t *data = json_array();
-    json_array_append_new(data, model_object(r->srv));
+    json_array_append_new(data, srv_model_json(r->srv, NULL, NULL));
+    en_adapter_set *set = r->srv->cfg.adapters;
+    if (set) {
+        int max = en_adapter_set_max(set);
+        en_adapter_info *info = en_malloc((size_t)max * sizeof *info);
+        int n = info ? en_adapter_set_list(set, info, max) : 0;
+        for (int i = 0; i < n; i++)
+            json_array_append_new(data, srv_model_json(r->srv, info[i].name, info[i].path));
+        en_free(info);
+    }
     json_object_set_new(o, "data", data);
     return http_send_json(r, 200, o);
 }
 
 static enum MHD_Result send_model(http_req *r) {
     const char *id = r->url + strlen("/v1/models/");
-    if (strcmp(id, r->srv->model_name) != 0) {
-        oa_err e;
-        oa_fail(&e, 404, "model_not_found", "model",
-                "The model '%s' does not exist; this server serves '%s'", id,
-                r->srv->model_name);
-        return http_send_error(r, &e);
-    }
-    return http_send_json(r, 200, model_object(r->srv));
+    oa_err e;
+    en_adapter *a = NULL;
+    if (srv_pick_model(r->srv, id, &a, &e)) return http_send_error(r, &e);
+    if (!a) return http_send_json(r, 200, srv_model_json(r->srv, NULL, NULL));
+    /* the path of an adapter is in the list */
+    en_adapter_info info[1];
+    json_t *m = NULL;
+    en_adapter_set *set = r->srv->cfg.adapters;
+    int max = en_adapter_set_max(set);
+    en_adapter_info *all = en_malloc((size_t)max * sizeof *all);
+    int n = all ? en_adapter_set_list(set, all, max) : 0;
+    for (int i = 0; i < n && !m; i++)
+        if (strcmp(all[i].name, id) == 0) {
+            info[0] = all[i];
+            m = srv_model_json(r->srv, info[0].name, info[0].path);
+        }
+    en_free(all);
+    en_adapter_release(a);
+    if (!m) m = srv_model_json(r->srv, id, "");
+    return http_send_json(r, 200, m);
 }
 
 static enum MHD_Result send_health(http_req *r) {
@@ -256,12 +293,26 @@ static http_route route_of(const char *url) {
     for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
         if (strcmp(url, k_routes[i].path) == 0) return k_routes[i].route;
     if (strncmp(url, "/v1/models/", 11) == 0 && url[11]) return ROUTE_MODEL;
+    if (strcmp(url, "/v1/adapters") == 0) return ROUTE_ADAPTERS;
+    if (strncmp(url, "/v1/adapters/", 13) == 0 && url[13]) return ROUTE_ADAPTER;
     return ROUTE_NONE;
 }
 
 int srv_route_is_post(http_route r) {
     return r == ROUTE_CHAT || r == ROUTE_COMPLETIONS || r == ROUTE_EMBEDDINGS ||
-           r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE;
+           r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE || r == ROUTE_ADAPTERS;
+}
+
+int srv_route_allows(http_route r, const char *method, const char **allowed) {
+    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    int post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
+    switch (r) {
+    case ROUTE_ADAPTERS: *allowed = "GET, HEAD, POST"; return get || post;
+    case ROUTE_ADAPTER: *allowed = "GET, HEAD, DELETE"; return get || del;
+    default: break;
+    }
+    *allowed = srv_route_is_post(r) ? "POST" : "GET, HEAD";
+    return srv_route_is_post(r) ? post : get;
 }
 
 /* The checks that need only the headers: route, method, key. The answer
@@ -272,7 +323,6 @@ static void check_headers(http_req *r) {
     en_server *s = r->srv;
     oa_err *e = &r->early;
     int is_get = strcmp(r->method, "GET") == 0 || strcmp(r->method, "HEAD") == 0;
-    int is_post = strcmp(r->method, "POST") == 0;
     /* /health and the page hold no data; everything else needs the key. */
     int open = r->route == ROUTE_HEALTH || (r->route == ROUTE_PAGE && is_get);
     if (s->api_key && !open) {
@@ -300,9 +350,10 @@ static void check_headers(http_req *r) {
         oa_fail(e, 404, "unknown_url", NULL, "Unknown request URL: %s %s", r->method, r->path);
         return;
     }
-    if (srv_route_is_post(r->route) ? !is_post : !is_get) {
+    const char *allowed = NULL;
+    if (!srv_route_allows(r->route, r->method, &allowed)) {
         oa_fail(e, 405, "method_not_allowed", NULL, "%s %s is not allowed; use %s", r->method,
-                r->path, srv_route_is_post(r->route) ? "POST" : "GET");
+                r->path, allowed);
         return;
     }
 }
@@ -333,6 +384,8 @@ static enum MHD_Result dispatch(http_req *r) {
     case ROUTE_EMBEDDINGS: return openai_embeddings(r);
     case ROUTE_TOKENIZE: return http_tokenize(r);
     case ROUTE_DETOKENIZE: return http_detokenize(r);
+    case ROUTE_ADAPTERS:
+    case ROUTE_ADAPTER: return http_adapters(r);
     default: break;
     }
     oa_fail(&e, 404, "unknown_url", NULL, "Unknown request URL: %s %s", r->method, r->path);
@@ -456,6 +509,7 @@ static void free_server(en_server *s) {
     en_free(s->host);
     en_free(s->api_key);
     en_free(s->model_name);
+    en_free(s->adapter_dir);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     en_free(s);
@@ -489,13 +543,16 @@ en_status en_server_start(en_engine *e, const en_tokenizer *tok, const en_chat_t
     s->host = dup_str(cfg->host ? cfg->host : "127.0.0.1");
     s->api_key = cfg->api_key && *cfg->api_key ? dup_str(cfg->api_key) : NULL;
     s->model_name = dup_str(cfg->model_name ? cfg->model_name : "energon");
-    if (!s->host || !s->model_name || (cfg->api_key && *cfg->api_key && !s->api_key)) {
+    s->adapter_dir = dup_str(cfg->adapter_dir);
+    if (!s->host || !s->model_name || (cfg->api_key && *cfg->api_key && !s->api_key) ||
+        (cfg->adapter_dir && !s->adapter_dir)) {
         free_server(s);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     }
     s->cfg.host = s->host;
     s->cfg.api_key = s->api_key;
     s->cfg.model_name = s->model_name;
+    s->cfg.adapter_dir = s->adapter_dir;
     s->engine = e;
     s->tok = tok;
     s->tmpl = tmpl;

@@ -28,6 +28,11 @@ typedef struct en_server_config {
     int max_connections;    /* default 512 */
     int log_requests;       /* one line per request on stderr (default 1) */
     int embedding_pooling;  /* /v1/embeddings: EN_EMBED_MEAN (default) or EN_EMBED_LAST */
+    /* LoRA adapters served beside the base by name (a request's "model"
+     * picks one; borrowed, may be NULL: the base only), and the directory
+     * POST /v1/adapters may load from (NULL: loading while serving off). */
+    struct en_adapter_set *adapters;
+    const char *adapter_dir;
 } en_server_config;
 en_server_config en_server_config_default(void);
 

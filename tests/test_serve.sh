@@ -8,6 +8,8 @@
 #                /v1/models, BadRequest/NotFound/Authentication/RateLimit errors
 #   bad_input    malformed and hostile requests over raw HTTP: right status,
 #                OpenAI-shaped error, the server unharmed
+#   adapters     LoRA adapters by name on their own server: PEFT's logits,
+#                load/unload while serving, mixed batches equal alone
 #   concurrency  32 concurrent clients, each answer equal to the same request
 #                sent alone; /metrics shows they ran together
 #   prefix_cache 16 prompts sharing ~300 tokens: cached_tokens are their shared
@@ -124,7 +126,8 @@ skipped=()
 # a FAIL line of this script itself, kept for the recap at the end
 hfail() { echo "FAIL $*" | tee -a "$T/harness.out"; }
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
-DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings disconnect chat_page"
+DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters disconnect"
+DEFAULT_SCRIPTS+=" chat_page"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
 
@@ -145,7 +148,7 @@ side_server() {
 }
 
 for script in $SCRIPTS; do
-    [ "$script" = embeddings ] && continue # its own servers, below
+    case $script in embeddings | adapters) continue ;; esac # their own servers, below
     # prefix_cache compares the main server (EN_URL) with a second one without
     # the cache (EN_URL_NOCACHE), started here and stopped after it
     nocache=
@@ -217,6 +220,33 @@ case " $SCRIPTS " in *" embeddings "*)
         kill -TERM "$QPID" 2>/dev/null
         wait "$QPID" 2>/dev/null
     done
+    ;;
+esac
+
+# ---- LoRA adapters by name: a server of tests/fixtures/hf/llama_gqa_tied
+# (with a tokenizer trained here: the fixture has none) serving its
+# PEFT-written adapter as a1 and loading more from an --adapter-dir
+case " $SCRIPTS " in *" adapters "*)
+    echo "---- adapters"
+    AM=$T/gqa_model
+    mkdir -p "$AM" "$T/adapter_dir"
+    cp "$FIX/hf/llama_gqa_tied/config.json" "$FIX/hf/llama_gqa_tied/model.safetensors" "$AM/"
+    if "$ENERGON" tokenizer train --data "$ROOT/examples/company/handbook.txt" --vocab-size 333 \
+        --out "$AM/tokenizer.model" >"$T/adapters-setup.log" 2>&1; then
+        side_server server-adapters.log --model "$AM" --model-name base-gqa --ctx 128 \
+            --adapter "a1=$FIX/grad/llama_gqa_tied_lora_adapter" --adapter-dir "$T/adapter_dir"
+        (cd "$HERE/serve" && EN_URL=$QURL EN_SERVER_PID=$QPID EN_MODEL_NAME=base-gqa \
+            EN_ADAPTER_DIR="$T/adapter_dir" "$PY" -u adapters.py) >"$T/adapters.out" 2>&1
+        cat "$T/adapters.out"
+        pass=$((pass + $(grep -c '^PASS ' "$T/adapters.out")))
+        fail=$((fail + $(grep -c '^FAIL ' "$T/adapters.out")))
+        [ -n "$QURL" ] || { hfail "the adapters server did not start"; fail=$((fail + 1)); }
+        kill -TERM "$QPID" 2>/dev/null
+        wait "$QPID" 2>/dev/null
+    else
+        hfail "training the adapters test's tokenizer: $(tail -1 "$T/adapters-setup.log")"
+        fail=$((fail + 1))
+    fi
     ;;
 esac
 

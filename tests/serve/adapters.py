@@ -1,0 +1,219 @@
+"""Many LoRA adapters over one base in one server (issue 14).
+
+The server (test_serve.sh starts it) serves tests/fixtures/hf/llama_gqa_tied
+(a random llama with a trained 333-piece tokenizer beside it) as the base,
+the PEFT-written adapter tests/fixtures/grad/llama_gqa_tied_lora_adapter as
+`a1` (--adapter a1=DIR) and may load more from EN_ADAPTER_DIR. Checks:
+  - /v1/models lists the base and a1 with the base as parent;
+  - the log-probabilities of a1 through the API equal PEFT's (the fixture
+    tests/fixtures/grad/llama_gqa_tied_lora_merged.bin, from
+    tests/gen/gen_export_fixture.py) within 1e-4, and the base's equal
+    transformers' (hf/llama_gqa_tied/logits.bin);
+  - POST /v1/adapters loads a second adapter (a1's weights with lora_B
+    times -3, written here) while 16 requests run, all of which succeed;
+    paths outside --adapter-dir get 403, a taken name 409, a bad name or a
+    directory that is no adapter 400;
+  - 24 concurrent temperature-0 requests spread over base, a1 and a2 each
+    answer what the same request answers alone, and the engine ran them in
+    fewer steps than alone (they were batched together);
+  - DELETE /v1/adapters/a2 while 8 streams run on it: all 8 end normally,
+    a2 then answers 404, /metrics counts no draining adapter once they end.
+"""
+import json
+import os
+import shutil
+import struct
+import threading
+
+from common import (FIXTURES, MODEL, check, finish, http_json, metric, metrics, note, post,
+                    sse_events, stream_post)
+
+ADIR = os.environ["EN_ADAPTER_DIR"]
+PEFT = os.path.join(FIXTURES, "grad", "llama_gqa_tied_lora_adapter")
+
+
+def read_enfx(path):
+    with open(path, "rb") as f:
+        assert f.read(4) == b"ENFX"
+        _, t, v = struct.unpack("<III", f.read(12))
+        ids = list(struct.unpack(f"<{t}i", f.read(4 * t)))
+        vals = struct.unpack(f"<{t * v}f", f.read(4 * t * v))
+    return ids, [vals[i * v:(i + 1) * v] for i in range(t)]
+
+
+def log_softmax(row):
+    import math
+    mx = max(row)
+    lse = mx + math.log(sum(math.exp(x - mx) for x in row))
+    return [x - lse for x in row]
+
+
+def scaled_copy(src, dst, factor):
+    """A PEFT adapter directory whose lora_B tensors are factor times src's
+    (safetensors written by hand: 8-byte header length, JSON, data)."""
+    os.makedirs(dst, exist_ok=True)
+    shutil.copy(os.path.join(src, "adapter_config.json"), dst)
+    with open(os.path.join(src, "adapter_model.safetensors"), "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = bytearray(f.read())
+    for name, t in head.items():
+        if name == "__metadata__" or "lora_B" not in name:
+            continue
+        assert t["dtype"] == "F32"
+        a, b = t["data_offsets"]
+        vals = struct.unpack(f"<{(b - a) // 4}f", data[a:b])
+        data[a:b] = struct.pack(f"<{len(vals)}f", *[v * factor for v in vals])
+    hb = json.dumps(head, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(os.path.join(dst, "adapter_model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        f.write(data)
+
+
+def top_logprobs(model, ids, k=5):
+    st, js, raw = post("/v1/completions", {"model": model, "prompt": ids, "max_tokens": 1,
+                                           "temperature": 0, "logprobs": k})
+    if st != 200:
+        raise RuntimeError(f"{model}: {st} {raw[:200]}")
+    return js["choices"][0]["logprobs"]["top_logprobs"][0], js
+
+
+def complete(model, ids, n=40):
+    st, js, raw = post("/v1/completions", {"model": model, "prompt": ids, "max_tokens": n,
+                                           "temperature": 0, "logprobs": 1})
+    if st != 200:
+        return f"error {st}"
+    return js["choices"][0]["logprobs"]["tokens"], js["model"]
+
+
+# ---- /v1/models
+st, js, _ = http_json("GET", "/v1/models")
+ids_ = {m["id"]: m for m in (js or {}).get("data", [])}
+check(st == 200 and MODEL in ids_ and "a1" in ids_ and ids_["a1"]["parent"] == MODEL,
+      "/v1/models lists the base and a1 (parent: the base)", f"{sorted(ids_)}")
+
+# ---- logits against PEFT and transformers, through the API
+fx_ids, peft = read_enfx(os.path.join(FIXTURES, "grad", "llama_gqa_tied_lora_merged.bin"))
+_, base = read_enfx(os.path.join(FIXTURES, "hf", "llama_gqa_tied", "logits.bin"))
+for model, ref, what in (("a1", peft, "PEFT"), (MODEL, base, "transformers")):
+    worst, n = 0.0, 0
+    for t in (3, 7, 12, len(fx_ids)):
+        top, js = top_logprobs(model, fx_ids[:t])
+        lp = sorted(log_softmax(ref[t - 1]), reverse=True)
+        # top_logprobs is keyed by token text (two ids may share one): each
+        # value must be one of the reference's largest, the first the largest
+        chosen = js["choices"][0]["logprobs"]["token_logprobs"][0]
+        worst = max(worst, abs(chosen - lp[0]))
+        n += 1
+        for a in top.values():
+            worst = max(worst, min(abs(a - b) for b in lp[:8]))
+            n += 1
+    check(worst <= 1e-4, f"{model}: top-5 log-probabilities equal {what}'s within 1e-4",
+          f"{n} values, max |diff| {worst:.2e}")
+adiff = max(abs(a - b) for a, b in zip(log_softmax(peft[-1]), log_softmax(base[-1])))
+note(f"the adapter moves the last row's log-probabilities by up to {adiff:.3f}")
+
+# ---- loading while requests run; refusals
+a2dir = os.path.join(ADIR, "a2")
+scaled_copy(PEFT, a2dir, -3.0)
+os.makedirs(os.path.join(ADIR, "junk"), exist_ok=True)
+with open(os.path.join(ADIR, "junk", "adapter_config.json"), "w") as f:
+    f.write("{not json")
+prompts = [fx_ids[i:i + 6] for i in range(0, 12)]
+busy = [None] * 16
+
+
+def run_busy(i):
+    busy[i] = complete(MODEL if i % 2 else "a1", prompts[i % len(prompts)], 40)
+
+
+threads = [threading.Thread(target=run_busy, args=(i,)) for i in range(16)]
+for t in threads:
+    t.start()
+st, js, raw = post("/v1/adapters", {"name": "a2", "path": "a2"})
+for t in threads:
+    t.join()
+check(st == 200 and js.get("id") == "a2" and js.get("rank") == 4,
+      "POST /v1/adapters loads a2 while 16 requests run", f"{st} {raw[:160]!r}")
+check(all(isinstance(b, tuple) for b in busy), "the 16 requests around the load all succeed",
+      f"{sum(isinstance(b, tuple) for b in busy)}/16")
+for body, want, what in (({"name": "a3", "path": "/etc"}, 403, "an absolute path outside"),
+                         ({"name": "a3", "path": "../../../../../../etc"}, 403, "a path leading out"),
+                         ({"name": "a2", "path": "a2"}, 409, "a name already loaded"),
+                         ({"name": MODEL, "path": "a2"}, 409, "the base's name"),
+                         ({"name": "bad name!", "path": "a2"}, 400, "a bad name"),
+                         ({"name": "a4", "path": "junk"}, 400, "a directory that is no adapter"),
+                         ({"name": "a4"}, 400, "no path"),
+                         ({"name": "a4", "path": "missing"}, 404, "a missing directory")):
+    st, js, raw = post("/v1/adapters", body)
+    check(st == want and js and "error" in js, f"POST /v1/adapters with {what}: {want}",
+          f"{st} {(js or {}).get('error', {}).get('message', raw[:100])}")
+st, js, _ = http_json("DELETE", "/v1/adapters/nope")
+check(st == 404, "DELETE of an unknown adapter: 404", f"{st}")
+
+# ---- a mixed batch equals each request alone
+reqs = [(("base", "a1", "a2")[i % 3], prompts[i % len(prompts)]) for i in range(24)]
+model_of = {"base": MODEL, "a1": "a1", "a2": "a2"}
+m0 = metrics()
+alone = [complete(model_of[m], p) for m, p in reqs]
+m1 = metrics()
+together = [None] * 24
+
+
+gate = threading.Barrier(24)
+
+
+def run_one(i):
+    m, p = reqs[i]
+    gate.wait()
+    together[i] = complete(model_of[m], p)
+
+
+threads = [threading.Thread(target=run_one, args=(i,)) for i in range(24)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+m2 = metrics()
+same = sum(1 for a, b in zip(alone, together) if isinstance(a, tuple) and a == b)
+check(same == 24, "24 requests over base, a1 and a2 at once: each answers as alone",
+      f"{same}/24 identical")
+differ = len({str(alone[i][0]) for i in (0, 1, 2)})
+check(differ == 3, "the three models answer the same prompt differently", f"{differ} distinct")
+s_alone = metric(m1, "energon_engine_steps_total") - metric(m0, "energon_engine_steps_total")
+s_tog = metric(m2, "energon_engine_steps_total") - metric(m1, "energon_engine_steps_total")
+check(s_tog < s_alone / 4, "the mixed requests were batched together",
+      f"{s_tog:.0f} engine steps together vs {s_alone:.0f} alone")
+
+# ---- unloading while 8 streams run on it
+streams = []
+for i in range(8):
+    conn, r = stream_post("/v1/completions", {"model": "a2", "prompt": prompts[i], "stream": True,
+                                              "max_tokens": 60, "temperature": 0})
+    streams.append((conn, r))
+first = [next(sse_events(r), None) for _, r in streams]  # each has started
+st, js, _ = http_json("DELETE", "/v1/adapters/a2")
+check(st == 200 and js.get("deleted") is True, "DELETE /v1/adapters/a2 while 8 streams run on it",
+      f"{st}")
+st404, _, _ = post("/v1/completions", {"model": "a2", "prompt": prompts[0], "max_tokens": 2})
+check(st404 == 404, "a new request for the unloaded a2: 404", f"{st404}")
+ends = []
+for conn, r in streams:
+    chunks = [json.loads(d) for d in sse_events(r)]
+    ends.append(chunks[-1]["choices"][0]["finish_reason"] if chunks and chunks[-1]["choices"]
+                else None)
+    conn.close()
+check(all(f is not None for f in first) and all(e in ("length", "stop") for e in ends),
+      "the 8 running streams on a2 all finish", f"{ends}")
+ms = metrics()
+check(metric(ms, "energon_lora_adapters_loaded") == 1 and
+      metric(ms, "energon_lora_adapters_draining") == 0,
+      "/metrics: one adapter loaded, none draining once they end",
+      f"loaded {metric(ms, 'energon_lora_adapters_loaded')}, "
+      f"draining {metric(ms, 'energon_lora_adapters_draining')}")
+st, js, _ = http_json("GET", "/v1/adapters")
+check(st == 200 and [a["id"] for a in js["data"]] == ["a1"], "GET /v1/adapters: a1 only",
+      f"{[a['id'] for a in (js or {}).get('data', [])]}")
+finish("adapters")
