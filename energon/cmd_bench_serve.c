@@ -52,7 +52,8 @@ static void usage(FILE *f) {
             "  --max-tokens M       max_tokens of each request, temperature 0 (default 64)\n"
             "  --warmup W           uncounted requests of full size first, one at a time,\n"
             "                       after one short request that sizes the prompts (default 2)\n"
-            "  --model NAME         model to request (default: the first of GET /v1/models)\n"
+            "  --model NAME[,NAME]  model to request (default: the first of GET /v1/models);\n"
+            "                       a list: request i asks for the (i mod n)-th (adapters)\n"
             "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
             "  --timeout S          seconds one request may take (default 600)\n"
             "  --seed S             seed of the prompts (default 0)\n"
@@ -153,10 +154,22 @@ static int on_event(void *user, const char *d) {
     return 1;
 }
 
+/* The model of request idx: --model a,b,c takes turns (warm-ups: a). */
+static const char *model_of(const bench *b, int idx) {
+    static __thread char name[256];
+    const char *p = b->model;
+    int n = 1;
+    for (const char *q = p; *q; q++) n += *q == ',';
+    for (int k = (idx < 0 ? 0 : idx) % n; k > 0; k--) p = strchr(p, ',') + 1;
+    size_t len = strcspn(p, ",");
+    snprintf(name, sizeof name, "%.*s", (int)len, p);
+    return name;
+}
+
 /* Send prompt (temperature 0, max_tokens) and measure into *r (reset
  * first). On failure r->ok is 0 and err says why. */
-static void run_one(const bench *b, CURL *curl, const char *prompt, int max_tokens, req_stat *r,
-                    char *err, size_t err_cap) {
+static void run_one(const bench *b, CURL *curl, int idx, const char *prompt, int max_tokens,
+                    req_stat *r, char *err, size_t err_cap) {
     double *itl = r->itl;
     int cap_itl = r->cap_itl;
     memset(r, 0, sizeof *r);
@@ -169,7 +182,7 @@ static void run_one(const bench *b, CURL *curl, const char *prompt, int max_toke
     json_t *req = json_pack("{s:s,s:i,s:f,s:b,s:{s:b}}", "prompt", prompt, "max_tokens",
                             max_tokens, "temperature", 0.0, "stream", 1, "stream_options",
                             "include_usage", 1);
-    if (req && b->model) json_object_set_new(req, "model", json_string(b->model));
+    if (req && b->model) json_object_set_new(req, "model", json_string(model_of(b, idx)));
     char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     if (!body) {
@@ -229,7 +242,7 @@ static void *worker(void *arg) {
             snprintf(err, sizeof err, "libcurl: no handle");
             b->stats[i].ok = 0;
         } else {
-            run_one(b, curl, b->prompts[i], b->max_tokens, &b->stats[i], err, sizeof err);
+            run_one(b, curl, i, b->prompts[i], b->max_tokens, &b->stats[i], err, sizeof err);
         }
         if (!b->stats[i].ok) {
             pthread_mutex_lock(&b->mu);
@@ -502,7 +515,7 @@ static double calibrate_and_warm_up(const bench_opts *o, bench *b, CURL *curl, e
     char err[512] = "";
     req_stat r = {0};
     char *p = make_prompt(rng, probe_words);
-    if (p) run_one(b, curl, p, 1, &r, err, sizeof err);
+    if (p) run_one(b, curl, -1, p, 1, &r, err, sizeof err);
     en_free(p);
     if (!r.ok) {
         en_cli_error(CMD, "first request failed: %s", err[0] ? err : "out of memory");
@@ -526,7 +539,7 @@ static double calibrate_and_warm_up(const bench_opts *o, bench *b, CURL *curl, e
         int n_words = (int)lround(o->prompt_tokens * wpt);
         if (n_words < 1) n_words = 1;
         if (!(p = with_prefix(*prefix, make_prompt(rng, n_words)))) break;
-        run_one(b, curl, p, b->max_tokens, &r, err, sizeof err);
+        run_one(b, curl, -1, p, b->max_tokens, &r, err, sizeof err);
         en_free(p);
         ok += r.ok;
         if (r.ok && r.prompt_tokens > 0) {

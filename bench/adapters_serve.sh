@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# bench/adapters_serve.sh [--threads 2] [--concurrency 32] [--requests 96] [--repeats 3]
+#
+# Served throughput with many LoRA adapters mixed in one batch against the
+# base alone, on one server in one run (issue 14): a random model of
+# stories15M's shape (energon init, Llama 2 tokenizer from ../shared), three
+# rank-8 adapters fine-tuned by `energon finetune` on three different texts
+# of examples/company (a few steps each: the weights only have to differ),
+# one `energon serve` with --adapter a1=... a2=... a3=..., and `energon bench
+# serve` at the same concurrency with --model BASE, then with --model
+# a1,a2,a3,BASE (request i asks for the (i mod 4)-th). Repeated, alternating;
+# prints the medians and their ratio (the issue asks for >= 0.8).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$HERE")
+ENERGON=${ENERGON:-$ROOT/build/energon}
+SHARED=${EN_SHARED:-$(dirname "$ROOT")/shared}
+THREADS=2 CONC=32 REQS=96 REPEATS=3
+while [ $# -gt 0 ]; do
+    case $1 in
+    --threads) THREADS=$2; shift 2 ;;
+    --concurrency) CONC=$2; shift 2 ;;
+    --requests) REQS=$2; shift 2 ;;
+    --repeats) REPEATS=$2; shift 2 ;;
+    *) echo "adapters_serve.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+log() { echo "adapters_serve: $*" >&2; }
+[ -x "$ENERGON" ] || { log "no energon at $ENERGON (make build)"; exit 1; }
+TOK=${EN_LLAMA2_TOKENIZER:-$SHARED/models/llama2-tokenizer/tokenizer.model}
+[ -f "$TOK" ] || { log "no Llama 2 tokenizer at $TOK"; exit 1; }
+W=$(mktemp -d /tmp/en_adapters_bench_XXXXXX)
+SPID=
+cleanup() { [ -n "$SPID" ] && kill "$SPID" 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+
+cat >"$W/s15m.json" <<JSON
+{"model_type": "llama", "hidden_size": 288, "intermediate_size": 768, "num_hidden_layers": 6,
+ "num_attention_heads": 6, "num_key_value_heads": 6, "max_position_embeddings": 1024,
+ "rms_norm_eps": 1e-5, "tie_word_embeddings": false}
+JSON
+"$ENERGON" init --config "$W/s15m.json" --tokenizer "$TOK" --out "$W/base" --seed 1 >/dev/null
+i=0
+for text in handbook policies products; do
+    i=$((i + 1))
+    log "fine-tuning adapter a$i on examples/company/$text.txt"
+    "$ENERGON" finetune --model "$W/base" --data "$ROOT/examples/company/$text.txt" \
+        --out "$W/a$i" --lora-rank 8 --lora-targets q,k,v,o,gate,up,down --steps 4 \
+        --seq-len 128 --batch 2 --lr 1e-2 --threads "$THREADS" >"$W/ft$i.log" 2>&1 ||
+        { tail -5 "$W/ft$i.log"; exit 1; }
+done
+"$ENERGON" serve --model "$W/base" --model-name base --port 0 --threads "$THREADS" --quiet \
+    --max-batch "$CONC" --ctx 512 --adapter "a1=$W/a1" --adapter "a2=$W/a2" \
+    --adapter "a3=$W/a3" >"$W/serve.log" 2>&1 &
+SPID=$!
+URL=
+for _ in $(seq 1 600); do
+    URL=$(grep -o 'listening on http://[^ ]*' "$W/serve.log" | head -1 | sed 's/listening on //')
+    [ -n "$URL" ] && break
+    sleep 0.1
+done
+[ -n "$URL" ] || { cat "$W/serve.log"; exit 1; }
+run() { # models -> output tokens/s
+    "$ENERGON" bench serve --url "$URL" --model "$1" --concurrency "$CONC" --requests "$REQS" \
+        --prompt-tokens 64 --max-tokens 64 --json 2>/dev/null |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["output_throughput"])'
+}
+base=() mixed=()
+for r in $(seq 1 "$REPEATS"); do
+    base+=("$(run base)")
+    mixed+=("$(run a1,a2,a3,base)")
+    log "repeat $r: base ${base[-1]} tok/s, 3 adapters + base ${mixed[-1]} tok/s"
+done
+python3 - "${base[*]}" "${mixed[*]}" "$CONC" <<'PY'
+import statistics, sys
+b = [float(x) for x in sys.argv[1].split()]
+m = [float(x) for x in sys.argv[2].split()]
+mb, mm = statistics.median(b), statistics.median(m)
+print(f"| concurrency {sys.argv[3]} | output tokens/s (median of {len(b)}) |")
+print("| --- | --- |")
+print(f"| base alone | {mb:.1f} |")
+print(f"| a1, a2, a3 and base mixed | {mm:.1f} |")
+print(f"| ratio | {mm / mb:.2f} |")
+PY
