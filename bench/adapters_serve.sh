@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # bench/adapters_serve.sh [--threads 2] [--concurrency 32] [--requests 96] [--repeats 3]
+#                         [--targets q,k,v,o]  (the adapters' --lora-targets; finetune's default)
 #
 # Served throughput with many LoRA adapters mixed in one batch against the
 # base alone, on one server in one run (issue 14): a random model of
@@ -15,13 +16,14 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 ENERGON=${ENERGON:-$ROOT/build/energon}
 SHARED=${EN_SHARED:-$(dirname "$ROOT")/shared}
-THREADS=2 CONC=32 REQS=96 REPEATS=3
+THREADS=2 CONC=32 REQS=96 REPEATS=3 TARGETS=q,k,v,o
 while [ $# -gt 0 ]; do
     case $1 in
     --threads) THREADS=$2; shift 2 ;;
     --concurrency) CONC=$2; shift 2 ;;
     --requests) REQS=$2; shift 2 ;;
     --repeats) REPEATS=$2; shift 2 ;;
+    --targets) TARGETS=$2; shift 2 ;;
     *) echo "adapters_serve.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -45,7 +47,7 @@ for text in handbook policies products; do
     i=$((i + 1))
     log "fine-tuning adapter a$i on examples/company/$text.txt"
     "$ENERGON" finetune --model "$W/base" --data "$ROOT/examples/company/$text.txt" \
-        --out "$W/a$i" --lora-rank 8 --lora-targets q,k,v,o,gate,up,down --steps 4 \
+        --out "$W/a$i" --lora-rank 8 --lora-targets "$TARGETS" --steps 4 \
         --seq-len 128 --batch 2 --lr 1e-2 --threads "$THREADS" >"$W/ft$i.log" 2>&1 ||
         { tail -5 "$W/ft$i.log"; exit 1; }
 done
@@ -55,7 +57,7 @@ done
 SPID=$!
 URL=
 for _ in $(seq 1 600); do
-    URL=$(grep -o 'listening on http://[^ ]*' "$W/serve.log" | head -1 | sed 's/listening on //')
+    URL=$(grep -o 'listening on http://[^ ]*' "$W/serve.log" | head -1 | sed 's/listening on //' || true)
     [ -n "$URL" ] && break
     sleep 0.1
 done
