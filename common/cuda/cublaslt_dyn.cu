@@ -10,7 +10,7 @@
 en_cublaslt_api en_lt;
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static char g_error[512]; /* empty after a successful load */
+static char g_error[512] = "not loaded"; /* empty after a successful load */
 
 static void load_once(void) {
     char name[64];
@@ -50,7 +50,9 @@ static void load_once(void) {
 }
 
 en_status en_cublaslt_load(en_err *err) {
-    snprintf(g_error, sizeof g_error, "not loaded");
+    /* g_error is written once, by load_once: a second backend of the same
+     * process gets the first load's outcome (resetting it here made every
+     * load after the first fail with "not loaded") */
     pthread_once(&g_once, load_once);
     if (g_error[0]) return EN_ERR(err, EN_ERR_CUDA, "CUDA backend: %s", g_error);
     return EN_OK;
