@@ -154,15 +154,14 @@ static int on_event(void *user, const char *d) {
     return 1;
 }
 
-/* The model of request idx: --model a,b,c takes turns (warm-ups: a). */
-static const char *model_of(const bench *b, int idx) {
-    static __thread char name[256];
+/* The model of request idx into name: --model a,b,c takes turns (warm-ups
+ * and the sizing request, idx < 0: a). */
+static const char *model_of(const bench *b, int idx, char *name, size_t cap) {
     const char *p = b->model;
     int n = 1;
     for (const char *q = p; *q; q++) n += *q == ',';
     for (int k = (idx < 0 ? 0 : idx) % n; k > 0; k--) p = strchr(p, ',') + 1;
-    size_t len = strcspn(p, ",");
-    snprintf(name, sizeof name, "%.*s", (int)len, p);
+    snprintf(name, cap, "%.*s", (int)strcspn(p, ","), p);
     return name;
 }
 
@@ -182,7 +181,9 @@ static void run_one(const bench *b, CURL *curl, int idx, const char *prompt, int
     json_t *req = json_pack("{s:s,s:i,s:f,s:b,s:{s:b}}", "prompt", prompt, "max_tokens",
                             max_tokens, "temperature", 0.0, "stream", 1, "stream_options",
                             "include_usage", 1);
-    if (req && b->model) json_object_set_new(req, "model", json_string(model_of(b, idx)));
+    char name[256];
+    if (req && b->model)
+        json_object_set_new(req, "model", json_string(model_of(b, idx, name, sizeof name)));
     char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     if (!body) {

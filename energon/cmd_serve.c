@@ -180,8 +180,10 @@ int en_cmd_serve(int argc, char **argv) {
             if (n_named == 64) {
                 en_cli_error(CMD, "--adapter NAME=DIR: at most 64 at start-up");
                 bad = 1;
+            } else {
+                named[n_named++] = argv[i + 1];
             }
-            named[n_named++ % 64] = argv[++i];
+            i++;
         } else if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
         } else if (en_cli_flag(argc, argv, &i, "--host", &v, &bad)) {
             sc.host = v;

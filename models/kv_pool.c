@@ -238,7 +238,8 @@ int en_kv_pool_match(en_kv_pool *p, const int32_t *toks, int n_full, int32_t ada
     uint32_t parent_gen = 0;
     int n = 0;
     for (; n < n_full; n++) {
-        const int32_t b = key_find(p, parent, parent_gen, adapter, toks + (size_t)n * p->block_size);
+        const int32_t b =
+            key_find(p, parent, parent_gen, adapter, toks + (size_t)n * p->block_size);
         if (b < 0) break;
         if (p->ref[b]++ == 0) lru_remove(p, b);
         blocks[n] = b;

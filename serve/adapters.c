@@ -172,20 +172,31 @@ const en_lora *en_adapter_lora(const en_adapter *a) { return a->lora; }
 int32_t en_adapter_id(const en_adapter *a) { return a->id; }
 const char *en_adapter_name(const en_adapter *a) { return a->name; }
 
-int en_adapter_set_list(en_adapter_set *s, en_adapter_info *out, int max) {
+static void info_of(const en_adapter *a, en_adapter_info *o) { /* under mu */
+    memcpy(o->name, a->name, sizeof o->name);
+    memcpy(o->path, a->path, sizeof o->path);
+    o->rank = en_lora_get_config(a->lora)->rank;
+    o->users = a->refs - 1;
+    o->created = a->created;
+}
+
+int en_adapter_set_list(en_adapter_set *s, en_adapter_info **out) {
+    /* room for max: the count may grow until the lock is taken */
+    *out = en_malloc((size_t)s->max * sizeof **out);
+    if (!*out) return 0;
     pthread_mutex_lock(&s->mu);
-    int n = s->n < max ? s->n : max;
-    for (int i = 0; i < n; i++) {
-        const en_adapter *a = s->loaded[i];
-        en_adapter_info *o = &out[i];
-        memcpy(o->name, a->name, sizeof o->name);
-        memcpy(o->path, a->path, sizeof o->path);
-        o->rank = en_lora_get_config(a->lora)->rank;
-        o->users = a->refs - 1;
-        o->created = a->created;
-    }
+    const int n = s->n;
+    for (int i = 0; i < n; i++) info_of(s->loaded[i], &(*out)[i]);
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+int en_adapter_set_find(en_adapter_set *s, const char *name, en_adapter_info *out) {
+    pthread_mutex_lock(&s->mu);
+    int i = find(s, name);
+    if (i >= 0) info_of(s->loaded[i], out);
+    pthread_mutex_unlock(&s->mu);
+    return i >= 0;
 }
 
 void en_adapter_set_counts(en_adapter_set *s, int *loaded, int *draining) {
@@ -195,5 +206,3 @@ void en_adapter_set_counts(en_adapter_set *s, int *loaded, int *draining) {
     pthread_mutex_unlock(&s->mu);
 }
 
-int en_adapter_set_max_rank(const en_adapter_set *s) { return s->max_rank; }
-int en_adapter_set_max(const en_adapter_set *s) { return s->max; }

@@ -47,7 +47,8 @@ const en_lora *en_adapter_lora(const en_adapter *a);
 int32_t en_adapter_id(const en_adapter *a); /* >= 1, never reused */
 const char *en_adapter_name(const en_adapter *a);
 
-/* A snapshot of the loaded adapters (at most max), oldest first. */
+/* A snapshot of the loaded adapters, oldest first: their count, and *out
+ * (en_malloc'd, the caller frees; NULL when out of memory: count 0). */
 typedef struct en_adapter_info {
     char name[EN_ADAPTER_NAME_MAX];
     char path[1024];
@@ -55,10 +56,10 @@ typedef struct en_adapter_info {
     int users;      /* requests holding it now */
     double created; /* unix time it was loaded */
 } en_adapter_info;
-int en_adapter_set_list(en_adapter_set *s, en_adapter_info *out, int max);
+int en_adapter_set_list(en_adapter_set *s, en_adapter_info **out);
+/* The loaded adapter of that name into *out: 1, or 0 when there is none. */
+int en_adapter_set_find(en_adapter_set *s, const char *name, en_adapter_info *out);
 /* Loaded now, and unloaded but still held by running requests. */
 void en_adapter_set_counts(en_adapter_set *s, int *loaded, int *draining);
-int en_adapter_set_max_rank(const en_adapter_set *s);
-int en_adapter_set_max(const en_adapter_set *s);
 
 #endif /* EN_ADAPTERS_H */

@@ -37,7 +37,6 @@ struct en_request {
     int n_prompt;
     en_gen_params p;   /* p.adapter NULL: the reference is in adapter */
     en_adapter *adapter; /* or NULL: the base */
-    int32_t adapter_id;  /* its id (0: the base), the prefix cache's key */
     char *stops[EN_MAX_STOPS];
     char *end_of_turn; /* or NULL */
     double t_submit;
@@ -437,6 +436,11 @@ static int on_token(en_engine *e, en_request *r, float *logits, int32_t pre_id) 
     return 0;
 }
 
+/* The request's adapter id (0: the base), the prefix cache's key. */
+static int32_t adapter_id(const en_request *r) {
+    return r->adapter ? en_adapter_id(r->adapter) : 0;
+}
+
 /* Offer the request's blocks that are now full and fed to the prefix
  * cache, before anything can end the request and free them. */
 static void register_blocks(en_engine *e, en_request *r) {
@@ -444,7 +448,7 @@ static void register_blocks(en_engine *e, en_request *r) {
     const int bs = e->cfg.block_size;
     for (const int full = r->n_fed / bs; r->n_reg < full; r->n_reg++)
         en_kv_pool_register(e->kv, r->blocks, r->n_reg, r->toks + (size_t)r->n_reg * bs,
-                            r->adapter_id);
+                            adapter_id(r));
 }
 
 /* An embedding request's hidden states of this step's tokens: summed into
@@ -509,15 +513,15 @@ static void admit(en_engine *e) {
              * never for an embedding, which pools every token's state). */
             int hit = 0;
             const int n_full = e->cfg.no_prefix_cache || r->p.embed ? 0 : (r->n_tok - 1) / bs;
-            if (n_full) hit = en_kv_pool_match(e->kv, r->toks, n_full, r->adapter_id, r->blocks);
+            if (n_full) hit = en_kv_pool_match(e->kv, r->toks, n_full, adapter_id(r), r->blocks);
             int need = (r->n_tok + 1 + bs - 1) / bs - hit;
             if (need > admit_budget(e) || !en_kv_pool_alloc(e->kv, need, r->blocks + hit)) {
                 en_kv_pool_free(e->kv, r->blocks, hit);
                 break;
             }
             r->n_blocks = hit + need;
-            r->n_fed = r->n_reg = hit;
-            r->n_fed *= bs;
+            r->n_reg = hit;
+            r->n_fed = hit * bs;
             if (r->t_admit == 0) r->n_cached = r->n_fed < r->n_prompt ? r->n_fed : r->n_prompt;
             e->st.prefix_queries += (uint64_t)n_full * (uint64_t)bs;
             e->st.prefix_hits += (uint64_t)hit * (uint64_t)bs;
@@ -637,8 +641,8 @@ static void sample_parallel(en_engine *e, int ns) {
 static void order_by_adapter(en_engine *e) {
     for (int i = 0; i < e->n_running; i++) {
         int j = i;
-        const int32_t id = e->running[i]->adapter_id;
-        while (j > 0 && e->running[e->order[j - 1]]->adapter_id > id) {
+        const int32_t id = adapter_id(e->running[i]);
+        while (j > 0 && adapter_id(e->running[e->order[j - 1]]) > id) {
             e->order[j] = e->order[j - 1];
             j--;
         }
@@ -824,8 +828,7 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
                            sizeof(float));
         e->n_threads = en_backend_n_threads(en_model_get_backend(m));
         if (!e->running || !e->seqs || !e->seq_req || !e->pre_id || !e->order || !e->par ||
-            !e->logits ||
-            !e->lp || !e->hid)
+            !e->logits || !e->lp || !e->hid)
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory for a batch of %d", c.max_batch);
     }
     if (s != EN_OK) {
@@ -969,7 +972,6 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     }
     r->t_submit = now_s();
     r->adapter = gp->adapter; /* set before the scheduler can see r */
-    r->adapter_id = gp->adapter ? en_adapter_id(gp->adapter) : 0;
     pthread_mutex_lock(&e->mu);
     if (e->stopping) s = EN_ERR(err, EN_ERR_CANCELLED, "the server is shutting down");
     else if (e->n_waiting >= e->cfg.max_queue)

@@ -23,13 +23,6 @@ static json_t *adapter_json(const en_adapter_info *a, const char *base) {
                      "created", (json_int_t)a->created);
 }
 
-/* Snapshot of the set; the caller frees *out. */
-static int list_all(en_adapter_set *set, en_adapter_info **out) {
-    int max = en_adapter_set_max(set);
-    *out = en_malloc((size_t)max * sizeof **out);
-    return *out ? en_adapter_set_list(set, *out, max) : 0;
-}
-
 /* path (relative to dir, or absolute) -> its real path, which must lie in
  * dir; a path that is outside dir written out is refused before the file
  * system is asked about it, so the answer says nothing of what is there. */
@@ -97,14 +90,10 @@ static int load(http_req *r, en_adapter_set *set, json_t **ans, oa_err *e) {
             rc = oa_fail(e, 400, NULL, strstr(err.msg, "rank") ? "path" : "name", "%s",
                          err.msg);
     }
-    if (!rc) {
-        en_adapter_info *all = NULL;
-        int n = list_all(set, &all);
-        for (int i = 0; i < n; i++)
-            if (strcmp(all[i].name, name) == 0) *ans = adapter_json(&all[i], base);
-        en_free(all);
-        if (!*ans) rc = oa_fail(e, 500, NULL, NULL, "the adapter went away while loading");
-    }
+    en_adapter_info info;
+    if (!rc && !en_adapter_set_find(set, name, &info))
+        rc = oa_fail(e, 500, NULL, NULL, "the adapter went away while loading");
+    if (!rc) *ans = adapter_json(&info, base);
     json_decref(j);
     return rc;
 }
@@ -132,18 +121,18 @@ enum MHD_Result http_adapters(http_req *r) {
         return http_send_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", name, "object",
                                                 "adapter", "deleted", 1));
     }
-    en_adapter_info *all = NULL;
-    int n = list_all(set, &all);
     json_t *ans = NULL;
+    en_adapter_info info;
     if (name) {
-        for (int i = 0; i < n && !ans; i++)
-            if (strcmp(all[i].name, name) == 0) ans = adapter_json(&all[i], base);
+        if (en_adapter_set_find(set, name, &info)) ans = adapter_json(&info, base);
     } else {
+        en_adapter_info *all = NULL;
+        int n = en_adapter_set_list(set, &all);
         json_t *data = json_array();
         for (int i = 0; i < n; i++) json_array_append_new(data, adapter_json(&all[i], base));
+        en_free(all);
         ans = json_pack("{s:s, s:o}", "object", "list", "data", data);
     }
-    en_free(all);
     if (!ans) {
         oa_fail(&e, 404, "adapter_not_found", NULL, "no adapter named '%.200s' is loaded", name);
         return http_send_error(r, &e);

@@ -203,13 +203,17 @@ json_t *srv_model_json(en_server *s, const char *adapter_name, const char *adapt
     return m;
 }
 
+static int model_not_found(const en_server *s, const char *model, oa_err *e) {
+    return oa_fail(e, 404, "model_not_found", "model",
+                   "The model '%.200s' does not exist; this server serves '%s'%s", model,
+                   s->model_name, s->cfg.adapters ? " and the adapters GET /v1/models lists" : "");
+}
+
 int srv_pick_model(en_server *s, const char *model, en_adapter **a, oa_err *e) {
     *a = NULL;
     if (!model || strcmp(model, s->model_name) == 0) return 0;
     if (s->cfg.adapters && (*a = en_adapter_acquire(s->cfg.adapters, model))) return 0;
-    return oa_fail(e, 404, "model_not_found", "model",
-                   "The model '%.200s' does not exist; this server serves '%s'%s", model,
-                   s->model_name, s->cfg.adapters ? " and the adapters GET /v1/models lists" : "");
+    return model_not_found(s, model, e);
 }
 
 static enum MHD_Result send_models(http_req *r) {
@@ -219,9 +223,8 @@ static enum MHD_Result send_models(http_req *r) {
     json_array_append_new(data, srv_model_json(r->srv, NULL, NULL));
     en_adapter_set *set = r->srv->cfg.adapters;
     if (set) {
-        int max = en_adapter_set_max(set);
-        en_adapter_info *info = en_malloc((size_t)max * sizeof *info);
-        int n = info ? en_adapter_set_list(set, info, max) : 0;
+        en_adapter_info *info = NULL;
+        int n = en_adapter_set_list(set, &info);
         for (int i = 0; i < n; i++)
             json_array_append_new(data, srv_model_json(r->srv, info[i].name, info[i].path));
         en_free(info);
@@ -232,26 +235,14 @@ static enum MHD_Result send_models(http_req *r) {
 
 static enum MHD_Result send_model(http_req *r) {
     const char *id = r->url + strlen("/v1/models/");
+    if (strcmp(id, r->srv->model_name) == 0)
+        return http_send_json(r, 200, srv_model_json(r->srv, NULL, NULL));
+    en_adapter_info info;
+    if (r->srv->cfg.adapters && en_adapter_set_find(r->srv->cfg.adapters, id, &info))
+        return http_send_json(r, 200, srv_model_json(r->srv, info.name, info.path));
     oa_err e;
-    en_adapter *a = NULL;
-    if (srv_pick_model(r->srv, id, &a, &e)) return http_send_error(r, &e);
-    if (!a) return http_send_json(r, 200, srv_model_json(r->srv, NULL, NULL));
-    /* the path of an adapter is in the list */
-    en_adapter_info info[1];
-    json_t *m = NULL;
-    en_adapter_set *set = r->srv->cfg.adapters;
-    int max = en_adapter_set_max(set);
-    en_adapter_info *all = en_malloc((size_t)max * sizeof *all);
-    int n = all ? en_adapter_set_list(set, all, max) : 0;
-    for (int i = 0; i < n && !m; i++)
-        if (strcmp(all[i].name, id) == 0) {
-            info[0] = all[i];
-            m = srv_model_json(r->srv, info[0].name, info[0].path);
-        }
-    en_free(all);
-    en_adapter_release(a);
-    if (!m) m = srv_model_json(r->srv, id, "");
-    return http_send_json(r, 200, m);
+    model_not_found(r->srv, id, &e);
+    return http_send_error(r, &e);
 }
 
 static enum MHD_Result send_health(http_req *r) {

@@ -123,8 +123,11 @@ export EN_URL=$URL EN_SERVER_PID=$SPID EN_MODEL_DIR=$T/model EN_MODEL_NAME=$NAME
 pass=0
 fail=0
 skipped=()
-# a FAIL line of this script itself, kept for the recap at the end
-hfail() { echo "FAIL $*" | tee -a "$T/harness.out"; }
+# a FAIL line of this script itself (counted, and kept for the recap at the end)
+hfail() {
+    echo "FAIL $*" | tee -a "$T/harness.out"
+    fail=$((fail + 1))
+}
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters disconnect"
 DEFAULT_SCRIPTS+=" chat_page"
@@ -147,6 +150,27 @@ side_server() {
     done
 }
 
+# side_script NAME TAG SCRIPT [VAR=VALUE...]: tests/serve/SCRIPT.py against
+# the second server (EN_URL=QURL) with those variables, its lines shown
+# (each with "TAG: " when TAG is not empty) and counted from $T/NAME.out;
+# then the second server is stopped.
+side_script() {
+    local name=$1 tag=$2 script=$3
+    shift 3
+    (cd "$HERE/serve" && env EN_URL="$QURL" EN_SERVER_PID="$QPID" "$@" "$PY" -u "$script.py") \
+        >"$T/$name.out" 2>&1
+    if [ -n "$tag" ]; then
+        sed "s/^\(PASS\|FAIL\) /\1 $tag: /" "$T/$name.out"
+    else
+        cat "$T/$name.out"
+    fi
+    pass=$((pass + $(grep -c '^PASS ' "$T/$name.out")))
+    fail=$((fail + $(grep -c '^FAIL ' "$T/$name.out")))
+    [ -n "$QURL" ] || hfail "the server for $name did not start"
+    kill -TERM "$QPID" 2>/dev/null
+    wait "$QPID" 2>/dev/null
+}
+
 for script in $SCRIPTS; do
     case $script in embeddings | adapters) continue ;; esac # their own servers, below
     # prefix_cache compares the main server (EN_URL) with a second one without
@@ -156,10 +180,7 @@ for script in $SCRIPTS; do
         side_server server-nocache.log --model "$T/model" --model-name "$NAME" --ctx "$CTX" \
             --no-prefix-cache
         nocache=$QURL
-        if [ -z "$QURL" ]; then
-            hfail "the --no-prefix-cache server did not start"
-            fail=$((fail + 1))
-        fi
+        [ -n "$QURL" ] || hfail "the --no-prefix-cache server did not start"
     fi
     echo "---- $script"
     t0=$SECONDS
@@ -174,7 +195,6 @@ for script in $SCRIPTS; do
         skipped+=("$script")
     elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
         hfail "$script: exited $rc without a FAIL line"
-        fail=$((fail + 1))
     fi
     if [ "$script" = prefix_cache ]; then
         kill -TERM "$QPID" 2>/dev/null
@@ -183,7 +203,6 @@ for script in $SCRIPTS; do
     echo "     ($script: $((SECONDS - t0)) s)"
     if [ "$script" != sigterm ] && ! alive "$SPID"; then
         hfail "the server died during $script"
-        fail=$((fail + 1))
         break
     fi
 done
@@ -194,13 +213,7 @@ done
 case " $SCRIPTS " in *" concurrency "*)
     side_server server-q8.log --model "$T/model" --weights q8 --model-name "$NAME"
     echo "---- concurrency against a second server with --weights q8"
-    (cd "$HERE/serve" && EN_URL=$QURL EN_SERVER_PID=$QPID "$PY" -u concurrency.py) >"$T/concurrency-q8.out" 2>&1
-    sed 's/^\(PASS\|FAIL\) /\1 q8: /' "$T/concurrency-q8.out"
-    pass=$((pass + $(grep -c '^PASS ' "$T/concurrency-q8.out")))
-    fail=$((fail + $(grep -c '^FAIL ' "$T/concurrency-q8.out")))
-    [ -n "$QURL" ] || { hfail "the q8 server did not start"; fail=$((fail + 1)); }
-    kill -TERM "$QPID" 2>/dev/null
-    wait "$QPID" 2>/dev/null
+    side_script concurrency-q8 q8 concurrency
     ;;
 esac
 
@@ -211,14 +224,7 @@ case " $SCRIPTS " in *" embeddings "*)
         echo "---- embeddings (--embedding-pooling $pool)"
         side_server server-emb-$pool.log --model "$FIX/hf/embed_llama" --model-name embed-test \
             --embedding-pooling "$pool"
-        (cd "$HERE/serve" && EN_URL=$QURL EN_SERVER_PID=$QPID EN_MODEL_NAME=embed-test EN_POOLING=$pool \
-            "$PY" -u embeddings.py) >"$T/embeddings-$pool.out" 2>&1
-        cat "$T/embeddings-$pool.out"
-        pass=$((pass + $(grep -c '^PASS ' "$T/embeddings-$pool.out")))
-        fail=$((fail + $(grep -c '^FAIL ' "$T/embeddings-$pool.out")))
-        [ -n "$QURL" ] || { hfail "the embeddings server ($pool) did not start"; fail=$((fail + 1)); }
-        kill -TERM "$QPID" 2>/dev/null
-        wait "$QPID" 2>/dev/null
+        side_script "embeddings-$pool" "" embeddings EN_MODEL_NAME=embed-test EN_POOLING="$pool"
     done
     ;;
 esac
@@ -235,17 +241,9 @@ case " $SCRIPTS " in *" adapters "*)
         --out "$AM/tokenizer.model" >"$T/adapters-setup.log" 2>&1; then
         side_server server-adapters.log --model "$AM" --model-name base-gqa --ctx 128 \
             --adapter "a1=$FIX/grad/llama_gqa_tied_lora_adapter" --adapter-dir "$T/adapter_dir"
-        (cd "$HERE/serve" && EN_URL=$QURL EN_SERVER_PID=$QPID EN_MODEL_NAME=base-gqa \
-            EN_ADAPTER_DIR="$T/adapter_dir" "$PY" -u adapters.py) >"$T/adapters.out" 2>&1
-        cat "$T/adapters.out"
-        pass=$((pass + $(grep -c '^PASS ' "$T/adapters.out")))
-        fail=$((fail + $(grep -c '^FAIL ' "$T/adapters.out")))
-        [ -n "$QURL" ] || { hfail "the adapters server did not start"; fail=$((fail + 1)); }
-        kill -TERM "$QPID" 2>/dev/null
-        wait "$QPID" 2>/dev/null
+        side_script adapters "" adapters EN_MODEL_NAME=base-gqa EN_ADAPTER_DIR="$T/adapter_dir"
     else
         hfail "training the adapters test's tokenizer: $(tail -1 "$T/adapters-setup.log")"
-        fail=$((fail + 1))
     fi
     ;;
 esac
@@ -266,14 +264,12 @@ if [ "$rc" -eq 0 ]; then
     pass=$((pass + 1))
 else
     hfail "main server exit status after SIGTERM: $rc"
-    fail=$((fail + 1))
 fi
 
 # Sanitizer reports from any server of the session
 if grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log >/dev/null 2>&1; then
     hfail "sanitizer reports in: $(grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | xargs -n1 basename | tr '\n' ' ')"
     grep -h -A12 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | head -60
-    fail=$((fail + 1))
 fi
 
 if [ "$fail" -gt 0 ]; then
