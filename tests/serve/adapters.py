@@ -24,8 +24,9 @@ import os
 import shutil
 import struct
 import threading
+import time
 
-from common import (FIXTURES, MODEL, check, finish, http_json, metric, metrics, note, post,
+from common import (FIXTURES, MODEL, SLOW, check, finish, http_json, metric, metrics, note, post,
                     sse_events, stream_post)
 
 ADIR = os.environ["EN_ADAPTER_DIR"]
@@ -207,7 +208,13 @@ for conn, r in streams:
     conn.close()
 check(all(f is not None for f in first) and all(e in ("length", "stop") for e in ends),
       "the 8 running streams on a2 all finish", f"{ends}")
+# the server lets go of a request just after its last chunk is sent: wait
+# (up to 10 s) for the draining adapter's last user to release it
+deadline = time.time() + 10 * SLOW
 ms = metrics()
+while metric(ms, "energon_lora_adapters_draining") != 0 and time.time() < deadline:
+    time.sleep(0.05)
+    ms = metrics()
 check(metric(ms, "energon_lora_adapters_loaded") == 1 and
       metric(ms, "energon_lora_adapters_draining") == 0,
       "/metrics: one adapter loaded, none draining once they end",
