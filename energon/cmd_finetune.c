@@ -4,16 +4,23 @@
  * SIGTERM ask the loop to save a checkpoint and stop. The backend
  * (--device, --precision, --threads; one GPU per rank) and the
  * communicators (MPI under mpirun, NCCL over it on CUDA) come from
- * en_cli_runtime_create, shared with the other model commands.
+ * en_cli_runtime_create, shared with the other model commands. With
+ * --serve-url, rank 0 hands the final LoRA adapter to a running `energon
+ * serve` (serve_handoff.c) once the run has written it.
  */
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../finetune/trainer.h"
 #include "../models/lora.h"
 #include "../models/train.h"
+#include "../serve/adapters.h"
 #include "cli.h"
+#include "serve_handoff.h"
 
 #define CMD "finetune"
 
@@ -25,7 +32,7 @@ static void on_signal(int sig) { g_stop = sig; }
 static void usage(FILE *f) {
     fprintf(f,
         "usage: energon finetune --model DIR --data FILE... --out RUN_DIR [options]\n"
-        "       energon finetune --resume RUN_DIR [--steps N]\n"
+        "       energon finetune --resume RUN_DIR [--steps N] [--serve-url URL]\n"
         "\n"
         "Fine-tune the Hugging Face model in DIR on FILE (.txt, .jsonl with {text},\n"
         "{prompt,completion} or {messages}; .gz allowed). Full fine-tuning by default;\n"
@@ -71,6 +78,13 @@ static void usage(FILE *f) {
         "                         stored), full (keep only each layer's input) or none\n"
         "                         (also store the attention probabilities)\n"
         "  --threads N            CPU threads\n"
+        "hand-off (LoRA):\n"
+        "  --serve-url URL        when the run ends, load the adapter into the running\n"
+        "                         `energon serve` at URL (e.g. http://127.0.0.1:8080) with\n"
+        "                         POST /v1/adapters; RUN_DIR must lie inside its --adapter-dir.\n"
+        "                         A refusal exits 1 and leaves RUN_DIR as it is\n"
+        "  --serve-name NAME      the adapter's name there (default: the last part of RUN_DIR)\n"
+        "  --api-key KEY          sent as 'Authorization: Bearer KEY'\n"
         "device:\n"
         "  --device cpu|cuda      where to compute (default cpu); cuda needs a GPU and a\n"
         "                         CUDA build, and says so and exits 1 otherwise\n"
@@ -85,11 +99,103 @@ static void usage(FILE *f) {
         "  and the collectives run on NCCL\n");
 }
 
+/* --serve-url and its companions: where the final adapter goes. */
+typedef struct handoff_opts {
+    const char *url, *name, *api_key; /* borrowed from argv */
+    char name_buf[256];               /* the default name: the last part of RUN_DIR */
+} handoff_opts;
+
+/* --serve-name, or by default the last part of run_dir, checked against the
+ * server's rule for adapter names. Returns EN_EXIT_OK or EN_EXIT_USAGE. */
+static int handoff_name(handoff_opts *h, const char *run_dir) {
+    int given = h->name != NULL;
+    if (!given) {
+        en_cli_dir_basename(run_dir, h->name_buf, sizeof h->name_buf);
+        h->name = h->name_buf;
+    }
+    if (!en_adapter_name_ok(h->name)) {
+        if (given)
+            en_cli_error(CMD, "--serve-name: '%s' must be 1 to %d characters of "
+                              "A-Z a-z 0-9 . _ : -", h->name, EN_ADAPTER_NAME_MAX - 1);
+        else
+            en_cli_error(CMD, "--serve-name: the default name '%s' (the last part of %s) is not "
+                              "an adapter name (1 to %d characters of A-Z a-z 0-9 . _ : -); "
+                              "give --serve-name NAME", h->name, run_dir,
+                         EN_ADAPTER_NAME_MAX - 1);
+        return EN_EXIT_USAGE;
+    }
+    return EN_EXIT_OK;
+}
+
+/* Check the hand-off flags against the run before anything is trained, and
+ * fill in the default name. Returns EN_EXIT_OK or EN_EXIT_USAGE (printed). */
+static int handoff_check(handoff_opts *h, const en_finetune_config *c, int resume) {
+    if (!h->url) {
+        if (!h->name && !h->api_key) return EN_EXIT_OK;
+        en_cli_error(CMD, "--serve-name and --api-key go with --serve-url URL");
+        return EN_EXIT_USAGE;
+    }
+    if (c->lora_rank == 0) {
+        if (resume)
+            en_cli_error(CMD, "--serve-url: %s is a full fine-tune (no --lora-rank); it writes "
+                              "model/, not an adapter a server can load", c->run_dir);
+        else
+            en_cli_error(CMD, "--serve-url needs --lora-rank R: a full fine-tune writes model/, "
+                              "not an adapter a server can load");
+        return EN_EXIT_USAGE;
+    }
+    if (c->dump_data) {
+        en_cli_error(CMD, "--serve-url with --dump-data: nothing is trained, so there is no "
+                          "adapter to hand over");
+        return EN_EXIT_USAGE;
+    }
+    const char *u = h->url;
+    size_t scheme = strncmp(u, "http://", 7) == 0 ? 7 : strncmp(u, "https://", 8) == 0 ? 8 : 0;
+    char base[1024];
+    if (!scheme || !en_serve_handoff_base(u, base, sizeof base) || strlen(base) <= scheme) {
+        en_cli_error(CMD, "--serve-url: '%s' is not a server address; it must start with "
+                          "http:// or https:// (e.g. http://127.0.0.1:8080)", u);
+        return EN_EXIT_USAGE;
+    }
+    return handoff_name(h, c->run_dir);
+}
+
+/* Hand the final adapter in run_dir to the server. Prints one line on
+ * stderr; returns EN_EXIT_OK or EN_EXIT_ERROR (run_dir is left as it is). */
+static int handoff_run(const handoff_opts *h, const char *run_dir) {
+    char real[PATH_MAX];
+    if (!realpath(run_dir, real)) {
+        en_cli_error(CMD, "--serve-url: %s: %s; the adapter was not handed over", run_dir,
+                     strerror(errno));
+        return EN_EXIT_ERROR;
+    }
+    en_serve_handoff_answer a;
+    if (en_serve_handoff(h->url, h->api_key, h->name, real, &a) == 0) {
+        char base[1024];
+        en_serve_handoff_base(h->url, base, sizeof base); /* checked by handoff_check */
+        fprintf(stderr, "energon %s: adapter '%s' loaded by %s (rank %d)\n", CMD, h->name, base,
+                a.rank);
+        return EN_EXIT_OK;
+    }
+    if (!a.reached)
+        en_cli_error(CMD, "--serve-url: no answer from %s: %s; the adapter is saved in %s", a.url,
+                     a.msg, real);
+    else if (a.status == 200)
+        en_cli_error(CMD, "--serve-url: %s answered 200, but %s; the adapter is saved in %s",
+                     a.url, a.msg, real);
+    else
+        en_cli_error(CMD, "--serve-url: the server refused the adapter (%ld%s%s): %s; the "
+                          "adapter is saved in %s", a.status, a.code[0] ? " " : "", a.code,
+                     a.msg, real);
+    return EN_EXIT_ERROR;
+}
+
 int en_cmd_finetune(int argc, char **argv) {
     en_finetune_config c = en_finetune_config_default();
     const char *resume = NULL, *device = NULL, *precision = NULL;
     int64_t steps_override = 0;
     int bad = 0, have_epochs = 0, tp = 1, zero = 0;
+    handoff_opts ho = {0};
     en_err err = {0};
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
@@ -127,6 +233,12 @@ int en_cmd_finetune(int argc, char **argv) {
             c.run_dir = v;
         } else if (en_cli_flag(argc, argv, &i, "--resume", &v, &bad)) {
             resume = v;
+        } else if (en_cli_flag(argc, argv, &i, "--serve-url", &v, &bad)) {
+            ho.url = v;
+        } else if (en_cli_flag(argc, argv, &i, "--serve-name", &v, &bad)) {
+            ho.name = v;
+        } else if (en_cli_flag(argc, argv, &i, "--api-key", &v, &bad)) {
+            ho.api_key = v;
         } else if (en_cli_device_flag(CMD, argc, argv, &i, &device, &precision, &bad)) {
             /* checked there: cpu|cuda, fp32|tf32|bf16 */
         } else if (en_cli_flag(argc, argv, &i, "--steps", &v, &bad)) {
@@ -209,11 +321,13 @@ int en_cmd_finetune(int argc, char **argv) {
     }
     if (bad) return EN_EXIT_USAGE;
     void *keep = NULL;
+    int rc;
     if (resume) {
         if (c.model_dir || c.n_data || c.chat_template) {
             en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
                               "only --steps, --threads, --device, --precision, --tp, --zero, "
-                              "--sequence-parallel and --dump-data may be given with it");
+                              "--sequence-parallel, --dump-data, --serve-url, --serve-name and "
+                              "--api-key may be given with it");
             return EN_EXIT_USAGE;
         }
         int threads = c.n_threads, sp = c.sequence_parallel, rec = c.recompute;
@@ -238,6 +352,10 @@ int en_cmd_finetune(int argc, char **argv) {
             return EN_EXIT_USAGE;
         }
     }
+    if ((rc = handoff_check(&ho, &c, resume != NULL)) != EN_EXIT_OK) {
+        if (keep) en_finetune_config_free(keep);
+        return rc;
+    }
     /* The one backend of the run, handed to the trainer, and under mpirun /
      * srun the communicator: one rank per process, data parallel across the
      * ranks (tensor parallel groups of --tp adjacent ranks); with --device
@@ -248,7 +366,7 @@ int en_cmd_finetune(int argc, char **argv) {
                               .n_threads = c.n_threads,
                               .tp = tp,
                               .tp_is_world = 0};
-    int rc = en_cli_runtime_create(CMD, &ro, &rt);
+    rc = en_cli_runtime_create(CMD, &ro, &rt);
     if (rc != EN_EXIT_OK) {
         if (keep) en_finetune_config_free(keep);
         return rc;
@@ -277,7 +395,12 @@ int en_cmd_finetune(int argc, char **argv) {
             fprintf(stderr, "energon finetune: stopped by signal %d at step %lld; checkpoint saved. "
                         "Continue with: energon finetune --resume %s\n",
                 (int)g_stop, (long long)res.steps_done, c.run_dir);
+        if (rank == 0 && ho.url)
+            en_cli_error(CMD, "--serve-url: no final adapter yet, so nothing was handed over "
+                              "(give --serve-url to --resume)");
         rc = 128 + (int)g_stop;
+    } else if (ho.url && rank == 0) { /* rank 0 wrote the adapter; no collective here */
+        rc = handoff_run(&ho, c.run_dir);
     }
     if (keep) en_finetune_config_free(keep); /* after the last use of c's strings */
     return rc;

@@ -65,7 +65,7 @@ void en_adapter_set_destroy(en_adapter_set *s) {
     en_free(s);
 }
 
-static int name_ok(const char *name) {
+int en_adapter_name_ok(const char *name) {
     size_t n = strlen(name);
     if (n == 0 || n >= EN_ADAPTER_NAME_MAX) return 0;
     for (size_t i = 0; i < n; i++) {
@@ -85,7 +85,7 @@ static int find(const en_adapter_set *s, const char *name) { /* under mu */
 
 en_status en_adapter_set_add(en_adapter_set *s, const char *name, const char *path, en_lora *l,
                              en_err *err) {
-    if (!name_ok(name)) {
+    if (!en_adapter_name_ok(name)) {
         en_lora_destroy(l);
         return EN_ERR(err, EN_ERR_ARG,
                       "adapter name '%.64s' must be 1 to %d characters of A-Z a-z 0-9 . _ : -",

@@ -23,6 +23,11 @@
 typedef struct en_adapter en_adapter;
 typedef struct en_adapter_set en_adapter_set;
 
+/* 1 when name may name an adapter: 1 to EN_ADAPTER_NAME_MAX - 1 characters
+ * of A-Z a-z 0-9 . _ : - (en_adapter_set_add's rule; clients check it
+ * before asking a server); else 0. Pure; thread-safe. */
+int en_adapter_name_ok(const char *name);
+
 /* max_adapters >= 1 loaded at once; max_rank >= 1: larger ranks refused. */
 en_status en_adapter_set_create(int max_adapters, int max_rank, en_adapter_set **out,
                                 en_err *err);

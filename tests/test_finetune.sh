@@ -20,12 +20,22 @@
 #     when torch and transformers are installed) and a PEFT adapter, resume
 #     renders identically, and `energon export` carries tokenizer.json,
 #     tokenizer_config.json and chat_template.jinja.
+#  6. --serve-url: a LoRA run hands its final adapter to a running `energon
+#     serve` (POST /v1/adapters); a taken name (409), a run directory outside
+#     the server's --adapter-dir (403) and an unreachable server fail with the
+#     server's or curl's message and leave the adapter in place; --serve-url
+#     without --lora-rank is a usage error before training.
 set -u
 ENERGON=$1
 FIX=$2
 SHARED=${3:-}
 T=$(mktemp -d /tmp/en_ft_XXXXXX)
-trap 'rm -rf "$T"' EXIT
+SPID= # the server of section 6
+cleanup() {
+    if [ -n "$SPID" ]; then kill -KILL "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; fi
+    rm -rf "$T"
+}
+trap cleanup EXIT
 pass=0
 fail=0
 ok() { printf '  ok %s\n' "$1"; pass=$((pass + 1)); }
@@ -257,6 +267,84 @@ PY
         bad "the exported model renders differently from the base"
 else
     echo "  (skipping the SmolLM2 checks: no Hugging Face SmolLM2 directory at $H; make one with shared/models/smollm2/get.sh $H --hf, or set ENERGON_SMOLLM2_DIR)"
+fi
+
+# 6. --serve-url: hand the final adapter to a running server
+# The server loads from $T/served; its API key is required, so a success also
+# shows that --api-key is sent. Loopback only, never through a proxy.
+export NO_PROXY=127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY} no_proxy=127.0.0.1,localhost${no_proxy:+,$no_proxy}
+KEY=ft-handoff-key
+mkdir -p "$T/served" "$T/outside"
+HO=(finetune --model "$T/base" --data "$T/docs.txt" --doc-sep blank --seq-len 32 --batch 2
+    --steps 3 --lora-rank 4 --threads 2 --eval-every 0 --save-every 0 --api-key "$KEY")
+expect "--serve-url without --lora-rank" 2 "--serve-url needs --lora-rank" -- \
+    "$ENERGON" finetune --model "$T/base" --data "$T/docs.txt" --steps 3 --out "$T/served/full" \
+    --serve-url http://127.0.0.1:1
+[ ! -e "$T/served/full" ] && ok "  ... refused before training: no run directory made" ||
+    bad "--serve-url without --lora-rank made $T/served/full"
+expect "--serve-url without http(s)://" 2 "must start with http:// or https://" -- \
+    "$ENERGON" "${HO[@]}" --out "$T/served/u" --serve-url 127.0.0.1:8080
+expect "bad --serve-name" 2 "--serve-name: 'a b' must be 1 to 127 characters" -- \
+    "$ENERGON" "${HO[@]}" --out "$T/served/n" --serve-url http://127.0.0.1:1 --serve-name "a b"
+expect "--serve-name without --serve-url" 2 "go with --serve-url" -- \
+    "$ENERGON" "${HO[@]}" --out "$T/served/n2" --serve-name x
+if ! command -v curl >/dev/null; then
+    echo "  (skipping the --serve-url hand-off checks: no curl command to query the server)"
+else
+    "$ENERGON" serve --model "$T/base" --port 0 --model-name base --threads 1 --api-key "$KEY" \
+        --adapter-dir "$T/served" >"$T/serve.log" 2>&1 &
+    SPID=$!
+    SURL=
+    for _ in $(seq 1 300); do
+        kill -0 "$SPID" 2>/dev/null || break
+        [ -z "$SURL" ] && SURL=$(grep -o 'listening on http://[^ ]*' "$T/serve.log" | head -1 | sed 's/listening on //')
+        [ -n "$SURL" ] && curl -sf "$SURL/health" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    if [ -z "$SURL" ] || ! curl -sf "$SURL/health" >/dev/null 2>&1; then
+        bad "the server for --serve-url did not become healthy"; sed 's/^/  | /' "$T/serve.log" | tail -5
+    else
+        # (a) handed over: the server lists it under the base
+        "$ENERGON" "${HO[@]}" --out "$T/served/ho1" --serve-url "$SURL/" >"$T/ho1.log" 2>&1
+        rc=$?
+        models=$(curl -s -H "Authorization: Bearer $KEY" "$SURL/v1/models")
+        entry=$(echo "$models" | grep -o '{[^{}]*"id":"ho1"[^{}]*}')
+        if [ "$rc" -eq 0 ] && grep -qF "adapter 'ho1' loaded by $SURL (rank 4)" "$T/ho1.log" &&
+           echo "$entry" | grep -qF '"parent":"base"'; then
+            ok "--serve-url: $(grep -F "loaded by" "$T/ho1.log"); GET /v1/models lists it, parent base"
+        else
+            bad "--serve-url hand-off: exit $rc, $(tail -1 "$T/ho1.log"); /v1/models: $models"
+        fi
+        # (b) the name is taken: 409, the second run's adapter stays
+        "$ENERGON" "${HO[@]}" --out "$T/served/ho2" --serve-url "$SURL" --serve-name ho1 \
+            >"$T/ho2.log" 2>&1
+        rc=$?
+        if [ "$rc" -eq 1 ] && grep -q "refused the adapter (409" "$T/ho2.log" &&
+           [ -f "$T/served/ho2/adapter_model.safetensors" ]; then
+            ok "taken --serve-name: $(grep -F 409 "$T/ho2.log" | cut -c1-220); adapter kept"
+        else
+            bad "taken --serve-name: exit $rc, $(tail -1 "$T/ho2.log"), $(ls "$T/served/ho2" 2>&1 | paste -sd' ')"
+        fi
+        # (c) a run directory outside --adapter-dir: 403
+        "$ENERGON" "${HO[@]}" --out "$T/outside/ho3" --serve-url "$SURL" >"$T/ho3.log" 2>&1
+        rc=$?
+        if [ "$rc" -eq 1 ] && grep -q "refused the adapter (403 path_not_allowed)" "$T/ho3.log" &&
+           [ -f "$T/outside/ho3/adapter_model.safetensors" ]; then
+            ok "run outside --adapter-dir: $(grep -F 403 "$T/ho3.log" | cut -c1-220)"
+        else
+            bad "run outside --adapter-dir: exit $rc, $(tail -1 "$T/ho3.log")"
+        fi
+    fi
+    kill -KILL "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; SPID=
+fi
+# (e) nothing listens on port 1: curl's error, naming the URL
+"$ENERGON" "${HO[@]}" --out "$T/served/ho4" --serve-url http://127.0.0.1:1 >"$T/ho4.log" 2>&1
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF "no answer from http://127.0.0.1:1/v1/adapters" "$T/ho4.log" &&
+   [ -f "$T/served/ho4/adapter_model.safetensors" ]; then
+    ok "unreachable --serve-url: $(grep -F "no answer" "$T/ho4.log" | cut -c1-220)"
+else
+    bad "unreachable --serve-url: exit $rc, $(tail -1 "$T/ho4.log")"
 fi
 
 echo "test_finetune: $pass passed, $fail failed"
