@@ -3,7 +3,9 @@
  * text to stdout as it is produced. The prompt is processed as one batch
  * (prefill), then tokens are decoded one at a time and sampled with the
  * core's sampler; stop strings are matched across token boundaries and never
- * printed.
+ * printed. The backend runs batch-invariant, as the server's engine does, so
+ * the logits are bit for bit those of `energon serve` (test_batch checks the
+ * single-sequence context against the batched step).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -43,6 +45,9 @@ static void usage(FILE *f) {
             "  --ignore-eos        keep going past the end-of-sequence token\n"
             "  --json              print one JSON object {text, ids, prompt_tokens,\n"
             "                      finish_reason} instead of streaming\n"
+            "  --no-invariant      faster prompt reading with BLAS; by default the matmuls are\n"
+            "                      the server's batch-invariant ones, so that a temperature-0\n"
+            "                      answer is the one `energon serve` gives the same request\n"
             "  --threads N         CPU threads\n"
             "  --device cpu|cuda   compute device (default cpu)\n"
             "  --weights W         auto | f32 | bf16 | f16 | q8 | q4 | q4_1: weight matrices\n"
@@ -128,7 +133,7 @@ int en_cmd_generate(int argc, char **argv) {
     const char *prompt = NULL;
     const char *stops[MAX_STOPS];
     int n_stops = 0, max_tokens = 128, n_ctx = 0, no_bos = 0, ignore_eos = 0, json_out = 0;
-    int chat = 0;
+    int chat = 0, invariant = 1;
     const char *system_msg = NULL;
     const char *tmpl_value = NULL;
     en_chat_template *tmpl = NULL;
@@ -174,6 +179,8 @@ int en_cmd_generate(int argc, char **argv) {
             ignore_eos = 1;
         } else if (en_cli_switch(argv, i, "--json")) {
             json_out = 1;
+        } else if (en_cli_switch(argv, i, "--no-invariant")) {
+            invariant = 0;
         } else {
             en_cli_error(CMD, "unknown argument '%s' (see energon generate --help)", argv[i]);
             bad = 1;
@@ -239,6 +246,11 @@ int en_cmd_generate(int argc, char **argv) {
         rc = EN_EXIT_USAGE;
         goto done;
     }
+    /* the server's kernels (engine.c runs the backend batch-invariant), so
+     * that a temperature-0 answer here is the one `energon serve` gives:
+     * the single-sequence context then computes every row with the same
+     * bits as the batched step (test_batch) */
+    en_backend_set_batch_invariant(cm.be, invariant);
     en_ctx_params cp = en_ctx_params_default();
     cp.n_ctx = n_ctx;
     if (en_ctx_create(cm.model, &cp, &ctx, &err)) {

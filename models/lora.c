@@ -408,9 +408,12 @@ en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const ch
         }
         if (x->n_dims != 2 || x->shape[0] != lt->shape[0] || x->shape[1] != lt->shape[1]) {
             s = EN_ERR(err, EN_ERR_FORMAT,
-                       "%s: tensor '%s' has the wrong shape (want [%lld, %lld]; base model and "
-                       "adapter do not match?)",
-                       sp, lt->name, (long long)lt->shape[0], (long long)lt->shape[1]);
+                       "%s: tensor '%s' is [%lld, %lld] where this base model needs [%lld, "
+                       "%lld]: the adapter was made for another base model (this one: hidden "
+                       "size %d)",
+                       sp, lt->name, (long long)x->shape[0],
+                       (long long)(x->n_dims > 1 ? x->shape[1] : 0), (long long)lt->shape[0],
+                       (long long)lt->shape[1], hp->n_embd);
             goto done;
         }
         s = en_st_to_f32(x, staging + (lt->data - l->data), err);

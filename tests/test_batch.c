@@ -351,6 +351,37 @@ int main(void) {
         CHECK(rows >= T - 7 && worst <= REL_TOL, "%s: max rel err %.3e", k_models[mi], worst);
         CHECK(compared >= T - 9 && same, "%s: logits depend on the batch", k_models[mi]);
 
+        /* (f) the single-sequence context (energon generate's) in
+         * batch-invariant mode: the same bits as the batched step */
+        {
+            en_ctx_params cp = en_ctx_params_default();
+            cp.n_ctx = 64;
+            en_ctx *ctx = NULL;
+            CHECK(en_ctx_create(m, &cp, &ctx, &err) == EN_OK, "%s", err.msg);
+            float *row = malloc((size_t)V * sizeof(float));
+            int same_ctx = 1, cmp_ctx = 0, pos = 0;
+            en_backend_set_batch_invariant(be, 1);
+            const int steps[] = {5, 1, 4, 0};
+            for (int k = 0; ctx && pos < T; k++) {
+                int n = steps[k < 3 ? k : 3] ? steps[k < 3 ? k : 3] : 1;
+                if (n > T - pos) n = T - pos;
+                CHECK(en_model_forward(ctx, ids + pos, n, row, 0, &err) == EN_OK, "%s", err.msg);
+                pos += n;
+                if (got_a[pos - 1]) {
+                    cmp_ctx++;
+                    same_ctx &= memcmp(row, alone + (size_t)(pos - 1) * V,
+                                       (size_t)V * sizeof(float)) == 0;
+                }
+            }
+            en_backend_set_batch_invariant(be, 0);
+            printf("%-15s single-sequence context, batch-invariant: bit-identical to the "
+                   "batched step at %d positions: %s\n", k_models[mi], cmp_ctx,
+                   same_ctx ? "yes" : "NO");
+            CHECK(cmp_ctx >= T - 12 && same_ctx, "%s: context differs from batch", k_models[mi]);
+            free(row);
+            en_ctx_destroy(ctx);
+        }
+
         /* the same without batch-invariant matmuls is still right */
         run(m, kv, b, ids, T, 1, chunks_mixed, mixed, got_m);
         worst = 0;

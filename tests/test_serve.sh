@@ -10,6 +10,9 @@
 #                OpenAI-shaped error, the server unharmed
 #   adapters     LoRA adapters by name on their own server: PEFT's logits,
 #                load/unload while serving, mixed batches equal alone
+#   finetuned_adapters  3 adapters trained here by energon finetune and the
+#                base, 32 requests at once: each equals energon generate;
+#                refusals; resident memory over load/unload cycles
 #   concurrency  32 concurrent clients, each answer equal to the same request
 #                sent alone; /metrics shows they ran together
 #   prefix_cache 16 prompts sharing ~300 tokens: cached_tokens are their shared
@@ -129,7 +132,8 @@ hfail() {
     fail=$((fail + 1))
 }
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
-DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters disconnect"
+DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters"
+DEFAULT_SCRIPTS+=" finetuned_adapters disconnect"
 DEFAULT_SCRIPTS+=" chat_page"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
@@ -172,7 +176,7 @@ side_script() {
 }
 
 for script in $SCRIPTS; do
-    case $script in embeddings | adapters) continue ;; esac # their own servers, below
+    case $script in embeddings | adapters | finetuned_adapters) continue ;; esac # own servers
     # prefix_cache compares the main server (EN_URL) with a second one without
     # the cache (EN_URL_NOCACHE), started here and stopped after it
     nocache=
@@ -244,6 +248,44 @@ case " $SCRIPTS " in *" adapters "*)
         side_script adapters "" adapters EN_MODEL_NAME=base-gqa EN_ADAPTER_DIR="$T/adapter_dir"
     else
         hfail "training the adapters test's tokenizer: $(tail -1 "$T/adapters-setup.log")"
+    fi
+    ;;
+esac
+
+# ---- adapters trained here by `energon finetune` on the main model, each on
+# another text of examples/company, served by name beside the base; "big"
+# (rank 64, all targets) for the memory check, "over" (rank 96) for the
+# --max-lora-rank refusal
+case " $SCRIPTS " in *" finetuned_adapters "*)
+    echo "---- finetuned_adapters"
+    FT=$T/ft
+    mkdir -p "$FT"
+    ft() { # NAME DATA ARGS...
+        local name=$1 data=$2
+        shift 2
+        "$ENERGON" finetune --model "$T/model" --data "$ROOT/examples/company/$data" \
+            --out "$FT/$name" --threads 1 --seq-len 64 --batch 2 --save-every 1000 "$@" \
+            >>"$T/ft-setup.log" 2>&1
+    }
+    if ft dept-handbook handbook.txt --lora-rank 8 --steps 40 --lr 3e-3 &&
+       ft dept-policies policies.txt --lora-rank 8 --steps 40 --lr 3e-3 --seed 2 &&
+       ft big handbook.txt --lora-rank 64 --lora-targets q,k,v,o,gate,up,down --steps 2 &&
+       ft over handbook.txt --lora-rank 96 --steps 2; then
+        side_server server-ft.log --model "$T/model" --model-name "$NAME" \
+            --adapter "dept-handbook=$FT/dept-handbook" --adapter "dept-policies=$FT/dept-policies" \
+            --adapter-dir "$FT" --max-lora-rank 64
+        # the third is trained while the server runs and handed to it at the end
+        handed=
+        if [ -n "$QURL" ] && ft dept-products products.txt --lora-rank 8 --steps 40 --lr 3e-3 \
+            --seed 3 --serve-url "$QURL"; then
+            handed=1
+        else
+            hfail "energon finetune --serve-url $QURL: $(tail -2 "$T/ft-setup.log")"
+        fi
+        side_script finetuned_adapters "" finetuned_adapters EN_FT_DIR="$FT" EN_FT_HANDED=$handed \
+            EN_FOREIGN_ADAPTER="$FIX/grad/llama_gqa_tied_lora_adapter"
+    else
+        hfail "training the finetuned_adapters test's adapters: $(tail -3 "$T/ft-setup.log")"
     fi
     ;;
 esac
