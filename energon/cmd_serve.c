@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* mallopt */
+#endif
 
 #include "../common/file.h"
 #include "../serve/adapters.h"
@@ -161,7 +164,21 @@ static int load_named(en_cli_model *cm, en_adapter_set *set, const char *const *
     return EN_EXIT_OK;
 }
 
+/* A server loads and frees adapters (and request buffers) on many threads
+ * for days. glibc raises its mmap threshold to the size of each large block
+ * freed, after which blocks of that size come from the heap of whichever
+ * thread's arena asked, and arenas keep what is freed: resident memory then
+ * creeps after every adapter unloaded on a new connection thread. A fixed
+ * threshold keeps every block of 1 MiB or more a mapping of its own, given
+ * back to the system when freed (tests/serve/finetuned_adapters.py). */
+static void server_malloc_policy(void) {
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
+}
+
 int en_cmd_serve(int argc, char **argv) {
+    server_malloc_policy();
     en_cli_load_opts lo = {0};
     lo.need_tokenizer = 1;
     en_server_config sc = en_server_config_default();

@@ -10,9 +10,6 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
-#ifdef __GLIBC__
-#include <malloc.h> /* malloc_trim */
-#endif
 
 #include <stdio.h>
 
@@ -58,15 +55,6 @@ en_status en_adapter_set_create(int max_adapters, int max_rank, en_adapter_set *
 static void adapter_free(en_adapter *a) {
     en_lora_destroy(a->lora);
     en_free(a);
-#ifdef __GLIBC__
-    /* Once glibc has freed one large mapped block it serves blocks of that
-     * size from the heap of the loading thread's arena (its mmap threshold
-     * rises), and a connection thread's arena keeps the freed pages: without
-     * this, load/unload cycles over many connections leave resident memory
-     * above where it was (tests/serve/finetuned_adapters.py). Unloads are
-     * rare, so walking the arenas here costs nothing that matters. */
-    malloc_trim(0);
-#endif
 }
 
 void en_adapter_set_destroy(en_adapter_set *s) {

@@ -19,10 +19,10 @@ two of them by name (--adapter NAME=RUN_DIR), --adapter-dir EN_FT_DIR and
     (400), after which the server still answers;
   - resident memory: a large adapter (rank 64 on all seven targets) raises
     the server's VmRSS by at least half its size while loaded, and after
-    ten load / request / unload cycles (after three to warm up: malloc
-    arenas of new connection threads) the VmRSS is back where it was within
-    one adapter's size, where keeping each would cost ten; /metrics adapters
-    loaded and draining come back too.
+    ten load / request / unload cycles (after three to warm up) the VmRSS is
+    back where it was within a quarter of the adapter's size, where keeping
+    each would cost forty quarters; /metrics adapters loaded and draining
+    come back too.
 """
 import concurrent.futures as cf
 import json
@@ -36,6 +36,9 @@ from common import (ASAN, ENERGON, MODEL, MODEL_DIR, SLOW, check, finish, http_j
                     note, post, proc_status)
 
 FT = os.environ["EN_FT_DIR"]
+# tests/gpu/finetuned_adapters.sh: the server runs on this device; generate
+# is run on it too, and VmRSS says nothing of adapters in GPU memory
+DEVICE = os.environ.get("EN_DEVICE", "cpu")
 HANDED = os.environ.get("EN_FT_HANDED", "")
 DEPTS = ["handbook", "policies", "products"]  # the run directories FT/dept-NAME
 MAXT = 24
@@ -59,10 +62,13 @@ def complete(model, prompt):
 
 def generate(run_dir, prompt):
     cmd = [ENERGON, "generate", "--model", MODEL_DIR, "--prompt", prompt, "--max-tokens",
-           str(MAXT), "--temperature", "0", "--json", "--threads", "1"]
+           str(MAXT), "--temperature", "0", "--json", "--threads", "1", "--device", DEVICE]
     if run_dir:
         cmd += ["--adapter", run_dir]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300 * SLOW)
+    env = dict(os.environ)
+    if os.environ.get("EN_GEN_LD"):  # a device machine's unpacked libraries
+        env["LD_LIBRARY_PATH"] = os.environ["EN_GEN_LD"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300 * SLOW, env=env)
     if p.returncode != 0:
         return ("error", p.returncode, p.stderr[-200:])
     js = json.loads(p.stdout)
@@ -175,16 +181,18 @@ peak = max(r[3] for r in results)
 ok = all(r[0] == 200 and r[1] == 200 and r[2][0] != "error" for r in results)
 check(ok, "ten load / request / unload cycles of a rank-64 adapter on all targets succeed",
       f"{[r[:2] for r in results if r[0] != 200 or r[1] != 200][:2]}")
-check(peak - r0 >= ADAPTER_BYTES / 1024 / 2,
-      "VmRSS while the large adapter is loaded shows it",
-      f"+{peak - r0} kB over {r0} kB; adapter file {ADAPTER_BYTES // 1024} kB")
-if ASAN:  # AddressSanitizer keeps freed memory in quarantine: RSS cannot come back
-    note(f"VmRSS after the ten unloads not checked under ASan ({r0} kB before, {r1} kB after)")
+grown, left, kb = peak - r0, r1 - r0, ADAPTER_BYTES // 1024
+if DEVICE != "cpu":
+    note(f"VmRSS not checked: the adapters live in {DEVICE} memory ({r0} kB before, {r1} after)")
 else:
-    check(r1 - r0 <= ADAPTER_BYTES / 1024,
-          "VmRSS after the ten unloads is back where it was before them (within one adapter; "
-          "ten kept would be ten)",
-          f"{r0} kB before, {r1} kB after (adapter {ADAPTER_BYTES // 1024} kB)")
+    check(grown >= kb / 2, "VmRSS while the large adapter is loaded shows it",
+          f"+{grown} kB over {r0} kB; adapter file {kb} kB")
+    if ASAN:  # AddressSanitizer keeps freed memory in quarantine: RSS cannot come back
+        note(f"VmRSS after the ten unloads not checked under ASan ({r0} kB before, {r1} after)")
+    else:
+        check(left <= kb / 4, "VmRSS after the ten unloads is back where it was before them "
+              "(within a quarter of the adapter; ten kept would be forty)",
+              f"{r0} kB before, {r1} kB after (adapter {kb} kB)")
 me = metrics()
 check(metric(me, "energon_lora_adapters_loaded") == base_loaded and
       metric(me, "energon_lora_adapters_draining") == 0,
