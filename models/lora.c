@@ -1,5 +1,6 @@
 /*
  * lora.c - LoRA adapters: layout, PEFT-format I/O, merging. See lora.h.
+ * Target names and adapter_config.json are read in lora_config.c.
  */
 #include "lora.h"
 
@@ -12,43 +13,6 @@
 #include "../common/rng.h"
 #include "../common/safetensors.h"
 #include "family.h"
-
-static const struct {
-    const char *name;   /* our short name */
-    const char *module; /* HF module path inside a layer */
-    const char *peft;   /* PEFT target_modules entry */
-} k_targets[EN_LORA_N_TARGETS] = {
-    {"q", "self_attn.q_proj", "q_proj"},  {"k", "self_attn.k_proj", "k_proj"},
-    {"v", "self_attn.v_proj", "v_proj"},  {"o", "self_attn.o_proj", "o_proj"},
-    {"gate", "mlp.gate_proj", "gate_proj"}, {"up", "mlp.up_proj", "up_proj"},
-    {"down", "mlp.down_proj", "down_proj"},
-};
-
-const char *en_lora_target_name(int i) { return k_targets[i].name; }
-const char *en_lora_target_module(int i) { return k_targets[i].module; }
-
-en_status en_lora_targets_parse(const char *list, unsigned *mask, en_err *err) {
-    *mask = 0;
-    const char *p = list;
-    while (*p) {
-        const char *e = strchr(p, ',');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        int found = -1;
-        for (int i = 0; i < EN_LORA_N_TARGETS; i++)
-            if ((strlen(k_targets[i].name) == n && strncmp(p, k_targets[i].name, n) == 0) ||
-                (strlen(k_targets[i].peft) == n && strncmp(p, k_targets[i].peft, n) == 0))
-                found = i;
-        if (found < 0)
-            return EN_ERR(err, EN_ERR_ARG,
-                          "unknown LoRA target '%.*s' (valid: q, k, v, o, gate, up, down)",
-                          (int)n, p);
-        *mask |= 1u << found;
-        p += n;
-        if (*p == ',') p++;
-    }
-    if (!*mask) return EN_ERR(err, EN_ERR_ARG, "the LoRA target list is empty");
-    return EN_OK;
-}
 
 typedef struct lora_tensor {
     char name[128];
@@ -104,15 +68,16 @@ static en_status chosen_modules(const en_model_hparams *hp, unsigned targets,
     }
     if (targets & ~covered)
         return EN_ERR(err, EN_ERR_ARG, "%s has no module for LoRA target '%s'", hp->model_type,
-                      k_targets[__builtin_ctz(targets & ~covered)].name);
+                      en_lora_target_name(__builtin_ctz(targets & ~covered)));
     return EN_OK;
 }
 
 en_status en_lora_create(en_backend *be, const en_model_hparams *hp, const en_lora_config *cfg,
                          en_lora **out, en_err *err) {
     *out = NULL;
-    if (cfg->rank < 1 || cfg->rank > 4096)
-        return EN_ERR(err, EN_ERR_ARG, "--lora-rank must be in [1, 4096], got %d", cfg->rank);
+    if (cfg->rank < 1 || cfg->rank > EN_LORA_RANK_MAX)
+        return EN_ERR(err, EN_ERR_ARG, "--lora-rank must be in [1, %d], got %d", EN_LORA_RANK_MAX,
+                      cfg->rank);
     if (!(cfg->alpha > 0) || !isfinite(cfg->alpha))
         return EN_ERR(err, EN_ERR_ARG, "--lora-alpha must be positive");
     if (!cfg->targets || cfg->targets >= (1u << EN_LORA_N_TARGETS))
@@ -301,21 +266,6 @@ done:
     return s;
 }
 
-/* The target bits of the family's modules whose last name is `name`
- * (PEFT matches target_modules entries against module name suffixes:
- * GPT-2's "c_proj" is both attn.c_proj and mlp.c_proj), or 0. */
-static unsigned module_bits(const en_model_hparams *hp, const char *name) {
-    const char *prefix;
-    unsigned bits = 0;
-    for (const en_lora_module *md = en_family_lora_modules(en_family_find(hp->model_type), &prefix);
-         md->path; md++) {
-        const char *dot = strrchr(md->path, '.');
-        if (strcmp(dot ? dot + 1 : md->path, name) == 0)
-            bits |= ((1u << md->n_targets) - 1) << md->target;
-    }
-    return bits;
-}
-
 en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const char *dir,
                             en_lora **out, en_err *err) {
     *out = NULL;
@@ -323,7 +273,6 @@ en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const ch
     char *sp = en_path_join(dir, "adapter_model.safetensors");
     char *text = NULL;
     size_t len = 0;
-    json_t *root = NULL;
     en_st_file st;
     int st_open = 0;
     en_lora *l = NULL;
@@ -335,54 +284,9 @@ en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const ch
     }
     s = en_file_read_all(cp, &text, &len, err);
     if (s != EN_OK) goto done;
-    json_error_t jerr;
-    root = json_loadb(text, len, 0, &jerr);
-    if (!json_is_object(root)) {
-        s = EN_ERR(err, EN_ERR_FORMAT, "%s: invalid JSON (%s)", cp, root ? "not an object" : jerr.text);
-        goto done;
-    }
-    json_t *pt = json_object_get(root, "peft_type");
-    if (pt && (!json_is_string(pt) || strcmp(json_string_value(pt), "LORA") != 0)) {
-        s = EN_ERR(err, EN_ERR_FORMAT, "%s: peft_type must be \"LORA\"", cp);
-        goto done;
-    }
-    json_t *jr = json_object_get(root, "r"), *ja = json_object_get(root, "lora_alpha");
-    json_t *jt = json_object_get(root, "target_modules");
-    if (!json_is_integer(jr) || !json_is_number(ja) || !json_is_array(jt)) {
-        s = EN_ERR(err, EN_ERR_FORMAT,
-                   "%s: needs integer 'r', number 'lora_alpha' and array 'target_modules'", cp);
-        goto done;
-    }
-    static const char *const unsupported[] = {"use_rslora", "use_dora"};
-    for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
-        if (json_is_true(json_object_get(root, unsupported[u]))) {
-            s = EN_ERR(err, EN_ERR_UNSUPPORTED, "%s: %s=true is not supported", cp,
-                       unsupported[u]);
-            goto done;
-        }
-    const en_family *fam = en_family_find(hp->model_type);
-    if (json_is_true(json_object_get(root, "fan_in_fan_out")) && !fam->peft_fan_in_fan_out) {
-        /* PEFT's flag for Conv1D weights stored (in, out): only GPT-2 has them */
-        s = EN_ERR(err, EN_ERR_UNSUPPORTED,
-                   "%s: fan_in_fan_out=true is not supported for %s (its weights are (out, in))",
-                   cp, hp->model_type);
-        goto done;
-    }
-    en_lora_config cfg = {(int)json_integer_value(jr), (float)json_number_value(ja), 0};
-    size_t i;
-    json_t *v;
-    json_array_foreach(jt, i, v) {
-        unsigned m = json_is_string(v) ? module_bits(hp, json_string_value(v)) : 0;
-        if (!m && (!json_is_string(v) ||
-                   en_lora_targets_parse(json_string_value(v), &m, err) != EN_OK)) {
-            s = EN_ERR(err, EN_ERR_FORMAT,
-                       "%s: target_modules[%zu] names no module of %s (q_proj, k_proj, v_proj, "
-                       "o_proj, gate_proj, up_proj, down_proj or the family's fused names)",
-                       cp, i, hp->model_type);
-            goto done;
-        }
-        cfg.targets |= m;
-    }
+    en_lora_config cfg;
+    s = en_lora_config_parse(text, len, cp, hp, &cfg, err);
+    if (s != EN_OK) goto done;
     s = en_lora_create(be, hp, &cfg, &l, err);
     if (s != EN_OK) {
         en_err_prefix(err, "%s", cp);
@@ -425,7 +329,6 @@ en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const ch
 done:
     en_free(staging);
     if (st_open) en_st_close(&st);
-    if (root) json_decref(root);
     en_free(text);
     en_free(cp);
     en_free(sp);

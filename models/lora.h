@@ -38,8 +38,10 @@ en_status en_lora_targets_parse(const char *list, unsigned *mask, en_err *err);
 const char *en_lora_target_name(int i);
 const char *en_lora_target_module(int i);
 
+#define EN_LORA_RANK_MAX 4096
+
 typedef struct en_lora_config {
-    int rank;         /* r >= 1 */
+    int rank;         /* 1 <= r <= EN_LORA_RANK_MAX */
     float alpha;      /* scale = alpha / rank */
     unsigned targets; /* EN_LORA_* mask, non-empty */
 } en_lora_config;
@@ -78,8 +80,18 @@ void en_lora_tensor(const en_lora *l, int i, const char **name, float **data, in
 /* Save as PEFT: dir/adapter_config.json and dir/adapter_model.safetensors. */
 en_status en_lora_save_peft(const en_lora *l, const char *base_model_dir, const char *dir,
                             en_err *err);
-/* Load a PEFT adapter directory for a model with these hyper-parameters.
- * Checks target modules, rank and every tensor's shape. */
+/* Read PEFT's adapter_config.json, json (len bytes, borrowed), for a model
+ * with these hyper-parameters into *cfg: r, lora_alpha and target_modules
+ * (the family's module names, PEFT's q_proj ... down_proj or ours).
+ * EN_ERR_FORMAT naming the field for a value of the wrong type or range, or
+ * a module the family lacks; EN_ERR_UNSUPPORTED for use_dora, use_rslora
+ * and (but for GPT-2's Conv1D weights) fan_in_fan_out. path is used in
+ * messages only. *cfg is zeroed on failure. Pure (lora_config.c). */
+en_status en_lora_config_parse(const char *json, size_t len, const char *path,
+                               const en_model_hparams *hp, en_lora_config *cfg, en_err *err);
+/* Load a PEFT adapter directory for a model with these hyper-parameters:
+ * its adapter_config.json through en_lora_config_parse, then checks that
+ * fused modules are adapted whole and every tensor's shape. */
 en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const char *dir,
                             en_lora **out, en_err *err);
 /* Merge into the model's weights: W += s * B A. The model then no longer

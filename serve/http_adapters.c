@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapters_request.h"
 #include "http_impl.h"
 
 static json_t *adapter_json(const en_adapter_info *a, const char *base) {
@@ -59,16 +60,11 @@ static int load(http_req *r, en_adapter_set *set, json_t **ans, oa_err *e) {
         return oa_fail(e, 403, "adapter_loading_disabled", NULL,
                        "loading adapters while serving is off; start the server with "
                        "--adapter-dir DIR");
-    json_t *j = oa_parse_body(r->body, r->body_len, e);
-    if (!j) return -1;
-    const char *name = NULL, *path = NULL;
-    int rc = oa_get_str(j, "name", NULL, &name, e) || oa_get_str(j, "path", NULL, &path, e);
-    if (!rc && (!name || !*name)) rc = oa_fail(e, 400, NULL, "name", "name is required");
-    if (!rc && (!path || !*path)) rc = oa_fail(e, 400, NULL, "path", "path is required");
-    if (!rc && strcmp(name, base) == 0)
-        rc = oa_fail(e, 409, "adapter_exists", "name", "'%s' is the base model's name", base);
+    adapters_req q;
+    if (adapters_req_parse(r->body, r->body_len, base, &q, e)) return -1;
+    const char *name = q.name;
     char real[PATH_MAX];
-    if (!rc) rc = resolve(dir, path, real, e);
+    int rc = resolve(dir, q.path, real, e);
     en_engine *eng = NULL;
     if (!rc && !srv_get_engine(r->srv, &eng, NULL))
         rc = oa_fail(e, 503, NULL, NULL, "The model is still loading.");
@@ -94,7 +90,7 @@ static int load(http_req *r, en_adapter_set *set, json_t **ans, oa_err *e) {
     if (!rc && !en_adapter_set_find(set, name, &info))
         rc = oa_fail(e, 500, NULL, NULL, "the adapter went away while loading");
     if (!rc) *ans = adapter_json(&info, base);
-    json_decref(j);
+    adapters_req_free(&q);
     return rc;
 }
 
