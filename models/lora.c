@@ -266,6 +266,25 @@ done:
     return s;
 }
 
+/* A tensor whose shape is not the one this base and the config's r give:
+ * a rank other than r (lora_A is [r, in], lora_B [out, r]) when the other
+ * dimension fits, else an adapter made for another base model. */
+static en_status shape_error(const char *path, const lora_tensor *lt, const en_st_tensor *x,
+                             int rank, const en_model_hparams *hp, en_err *err) {
+    const int rd = strstr(lt->name, "lora_A") ? 0 : 1; /* the rank's dimension */
+    const long long d0 = x->shape[0], d1 = x->n_dims > 1 ? x->shape[1] : 0;
+    if (x->n_dims == 2 && x->shape[1 - rd] == lt->shape[1 - rd])
+        return EN_ERR(err, EN_ERR_FORMAT,
+                      "%s: tensor '%s' is [%lld, %lld]: rank %lld, but adapter_config.json "
+                      "says r = %d",
+                      path, lt->name, d0, d1, rd ? d1 : d0, rank);
+    return EN_ERR(err, EN_ERR_FORMAT,
+                  "%s: tensor '%s' is [%lld, %lld] where this base model needs [%lld, %lld]: "
+                  "the adapter was made for another base model (this one: hidden size %d)",
+                  path, lt->name, d0, d1, (long long)lt->shape[0], (long long)lt->shape[1],
+                  hp->n_embd);
+}
+
 en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const char *dir,
                             en_lora **out, en_err *err) {
     *out = NULL;
@@ -311,13 +330,7 @@ en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const ch
             goto done;
         }
         if (x->n_dims != 2 || x->shape[0] != lt->shape[0] || x->shape[1] != lt->shape[1]) {
-            s = EN_ERR(err, EN_ERR_FORMAT,
-                       "%s: tensor '%s' is [%lld, %lld] where this base model needs [%lld, "
-                       "%lld]: the adapter was made for another base model (this one: hidden "
-                       "size %d)",
-                       sp, lt->name, (long long)x->shape[0],
-                       (long long)(x->n_dims > 1 ? x->shape[1] : 0), (long long)lt->shape[0],
-                       (long long)lt->shape[1], hp->n_embd);
+            s = shape_error(sp, lt, x, l->cfg.rank, hp, err);
             goto done;
         }
         s = en_st_to_f32(x, staging + (lt->data - l->data), err);

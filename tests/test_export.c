@@ -123,7 +123,7 @@ int main(void) {
         {"rank mismatch", "{\"peft_type\":\"LORA\",\"r\":8,\"lora_alpha\":8,\"target_modules\":"
                           "[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\",\"up_proj\","
                           "\"down_proj\"]}",
-         "wrong shape"},
+         "rank 4, but adapter_config.json says r = 8"},
         {"unknown target", "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":"
                            "[\"q_proj\",\"fc1\"]}",
          "target_modules[1]"},

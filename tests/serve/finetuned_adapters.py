@@ -141,7 +141,7 @@ sf = os.path.join(corrupt, "adapter_model.safetensors")
 with open(sf, "r+b") as f:
     f.truncate(os.path.getsize(sf) // 2)
 for body, want, word, what in (
-        ({"name": "foreign", "path": "foreign"}, 400, "", "an adapter of another base"),
+        ({"name": "foreign", "path": "foreign"}, 400, "another base model", "an adapter of another base"),
         ({"name": "over", "path": "over"}, 400, "rank", "rank 96 over --max-lora-rank 64"),
         ({"name": "corrupt", "path": "corrupt"}, 400, "safetensors", "a truncated safetensors")):
     st, js, raw = post("/v1/adapters", body)
