@@ -187,12 +187,42 @@ INV_AVX2 static void rows_avx2(float *y, const float *x, const float *w, int M, 
         for (int n = n3; n < n1; n++) tile_1x1(ym + n, ldy, xm, ldx, w + (size_t)n * K, K);
     }
 }
+
+/* K < 16 (a LoRA factor's B: K = the rank): no 16-lane step, so dot_c is
+ * the reduction of zeros (+0) and then the tail, s = fmaf(x_k, w_k, s) for
+ * k = 0..K-1. Done for eight columns at once: the eight w rows are laid out
+ * k-major once per block, then each x row is K broadcasts and K FMAs, each
+ * lane the same fmaf chain from +0 as dot_c's. The tile kernels would run
+ * that chain one element at a time, after a reduction of zeros. */
+INV_AVX2 static void rows_small_k(float *y, const float *x, const float *w, int M, int N, int K,
+                                  int n0, int n1) {
+    float wt[16][8] __attribute__((aligned(32)));
+    int n = n0;
+    for (; n + 8 <= n1; n += 8) {
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < K; k++) wt[k][j] = w[(size_t)(n + j) * K + k];
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (size_t)m * K;
+            __m256 acc = _mm256_setzero_ps();
+            for (int k = 0; k < K; k++)
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + k), _mm256_load_ps(wt[k]), acc);
+            _mm256_storeu_ps(y + (size_t)m * N + n, acc);
+        }
+    }
+    if (n < n1) rows_c(y, x, w, M, N, K, n, n1);
+}
 #endif
 
 void en_cpu_matmul_inv(en_backend *be, float *y, const float *x, const float *w, int M, int N,
                        int K, int simd) {
 #if !INV_X86
     (void)simd;
+#endif
+#if INV_X86
+    if (simd && K > 0 && K < 16) {
+        rows_small_k(y, x, w, M, N, K, 0, N);
+        return;
+    }
 #endif
     const int R = inv_rows(M, K), NB = (N + R - 1) / R;
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \

@@ -10,7 +10,8 @@
  *    AVX2);
  *  - each element within a K-proportional bound of a float64 product;
  *  - shapes that hit every tile and tail: K below, at and around multiples
- *    of 16, N not a multiple of 3, 4 or 12, odd M;
+ *    of 16 (below 16: the eight-column kernel of LoRA factors), N not a
+ *    multiple of 3, 4, 8 or 12, odd M;
  * and backend_cpu_attn.c's en_cpu_attention_rows_fast (eight keys' scores
  * at once) against en_op_attention_rows (backend_cpu.c's per-(query, head)
  * loop), bit for bit, over paged rows: D a multiple of 8 or not, key
@@ -342,6 +343,7 @@ int main(void) {
     /* every M from 1 to 37 on a model-sized shape (over the parallel threshold) */
     for (int M = 1; M <= 37; M++) check_shape(be1, be2, M, 291, 97, seed++);
     check_shape(be1, be2, 32, 768, 288, seed++);
+    check_shape(be1, be2, 32, 288, 8, seed++); /* a LoRA B factor: the K < 16 kernel */
     const int Ss[] = {1, 5, 8, 9, 17, 64, 100};
     const int Ds[] = {48, 64, 7, 20};
     for (size_t is = 0; is < sizeof Ss / sizeof Ss[0]; is++)
