@@ -20,6 +20,7 @@ int en_cmd_export(int argc, char **argv);
 int en_cmd_quantize(int argc, char **argv);
 int en_cmd_serve(int argc, char **argv);
 int en_cmd_chat(int argc, char **argv);
+int en_cmd_index(int argc, char **argv);
 
 #define ENERGON_VERSION "0.1.0"
 
@@ -34,6 +35,7 @@ static const struct {
     {"quantize", en_cmd_quantize, "write a model with 8- or 4-bit block-quantised weights"},
     {"serve", en_cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
     {"chat", en_cmd_chat, "chat with a server (or a model in-process) from the terminal"},
+    {"index", en_cmd_index, "index document folders for retrieval (SQLite FTS5, BM25)"},
     {"generate", en_cmd_generate, "continue a prompt with a model"},
     {"eval", en_cmd_eval, "negative log-likelihood and perplexity on a text file"},
     {"bench", en_cmd_bench, "measure decode / prefill / training / serving throughput"},

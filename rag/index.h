@@ -1,0 +1,68 @@
+/*
+ * index.h - the document index: passages of document folders in one SQLite
+ * file with an FTS5 table, searched by BM25 (docs/retrieval.md has the
+ * schema). Built by `energon index`; read by the server's retrieval.
+ *
+ * An update walks the --docs roots, re-reads only files whose content hash
+ * (zlib crc32 + size) changed, removes files that are gone, and does all of
+ * it in one transaction: a crash leaves the previous index as it was.
+ */
+#ifndef EN_INDEX_H
+#define EN_INDEX_H
+
+#include <stdint.h>
+
+#include "../common/status.h"
+
+typedef struct en_index en_index;
+
+#define EN_INDEX_SCHEMA_VERSION 1
+
+typedef struct en_index_config {
+    int chunk_tokens; /* words a passage (default 256) */
+    int overlap;      /* words shared by consecutive windows of a long paragraph (32) */
+    /* test only: abort() after this many files were written inside the
+     * update's transaction (0 = never) */
+    int fail_after_files;
+} en_index_config;
+
+en_index_config en_index_config_default(void);
+
+/* Open (create = 1: create when missing) the index at path. Checks that
+ * SQLite has FTS5 and that the file is an energon index of a known schema
+ * version. EN_ERR_IO / EN_ERR_FORMAT / EN_ERR_UNSUPPORTED name the path. */
+en_status en_index_open(const char *path, int create, en_index **out, en_err *err);
+void en_index_destroy(en_index *idx);
+
+typedef struct en_index_stats {
+    int added, changed, unchanged, removed; /* files */
+    int skipped;      /* files of other extensions, and .jsonl data files */
+    int64_t passages; /* in the index after the update */
+    int rebuilt;      /* 1 when the chunk settings changed and everything was redone */
+} en_index_stats;
+
+/* Bring the index up to date with the folders roots[0..n_roots) (walked
+ * recursively in sorted order). Files under no root are removed. Any error
+ * (an unreadable or non-UTF-8 file, a bad .jsonl line) rolls everything
+ * back. The config is copied. */
+en_status en_index_update(en_index *idx, const char *const *roots, int n_roots,
+                          const en_index_config *cfg, en_index_stats *stats, en_err *err);
+
+/* One search result (strings owned by the result array). */
+typedef struct en_index_hit {
+    int64_t id;
+    double score; /* FTS5's bm25(), negated: higher is better */
+    char *root, *file, *section, *text, *record_id; /* record_id NULL unless jsonl */
+    int line_start, line_end;
+    int64_t byte_start, byte_end; /* -1 unless txt / md */
+} en_index_hit;
+
+/* The top_k (1..1000) passages for a free-text query: its words (runs of
+ * non-space), each quoted as an FTS5 phrase, OR-ed, ranked by BM25. A query
+ * with no word returns none. *hits is owned by the caller
+ * (en_index_hits_free). */
+en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_hit **hits,
+                          int *n, en_err *err);
+void en_index_hits_free(en_index_hit *hits, int n);
+
+#endif

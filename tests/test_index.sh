@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# test_index.sh ENERGON [FIXTURES SHARED] - `energon index` (rag/, issue 15's
+# first piece) against independent Python: byte and line ranges of txt / md
+# passages, chunk sizes and overlaps, the HTML text against an html.parser
+# extraction, the BM25 ranking against a float64 BM25 with FTS5's formula,
+# incremental updates, a crash in the middle of an update (EN_INDEX_FAIL_AFTER)
+# and bad input. Needs .venv-test/bin/python (scripts/install-deps).
+set -u
+ENERGON=$1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=$ROOT/.venv-test/bin/python
+if [ ! -x "$PY" ]; then
+    echo "SKIP: $PY missing (run scripts/install-deps)"
+    exit 77
+fi
+T=$(mktemp -d /tmp/en_index_XXXXXX)
+trap 'rm -rf "$T"' EXIT
+"$PY" - "$ENERGON" "$ROOT" "$T" <<'PYEOF'
+import html.parser, math, os, re, shutil, sqlite3, subprocess, sys
+
+energon, root, T = sys.argv[1:4]
+N, M = 60, 8
+fails = []
+
+def check(cond, what):
+    print(("  ok   " if cond else "  FAIL ") + what)
+    if not cond:
+        fails.append(what)
+
+def run(*args, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([energon, "index", *args], capture_output=True, text=True, env=e)
+    return p.returncode, p.stdout + p.stderr
+
+D = os.path.join(T, "docs")
+shutil.copytree(os.path.join(root, "examples/company"), D)
+long_words = " ".join("word%d" % i for i in range(1, 301))
+with open(os.path.join(D, "long.txt"), "w") as f:
+    f.write("Intro line one.\nIntro line two.\n\n\n   " + long_words + "  \n\nShort tail.\n")
+with open(os.path.join(D, "notes.md"), "w") as f:
+    f.write("Preamble text before any heading.\n\n# Gripper care\n\nClean the Petal "
+            "suction cups weekly.\nReplace worn cups.\n\n## Firmware ##\n\n```sh\n"
+            "update --to 3.1.5\n\nreboot\n```\n\nAfter the update the arm restarts.\n\n"
+            "### Long notes\n\n" + " ".join("note%d" % i for i in range(150)) + "\n")
+os.makedirs(os.path.join(D, "site"))
+HTML = """<!DOCTYPE html><html><head><title>Site help</title>
+<style>p { color: red; }</style><script>var x = "<p>not text</p>";</script></head>
+<body><p>Welcome to the <b>help</b> site &amp; its pages.</p>
+<h1>Charging &lt;Heron&gt;</h1><p>The Heron dock charges a Wren in 40 minutes.<br>Keep it
+dry.</p><ul><li>Plug in</li><li>Wait for the &quot;green&quot; light &#8212; then go</li></ul>
+<!-- a comment <p>hidden</p> -->
+<h2>Caf&#xE9; rules</h2><div>No drinks near the <i>Barn</i>.
+Coffee stays in The Oven.</div><p>Line with   many    spaces.</p>
+</body></html>
+"""
+with open(os.path.join(D, "site", "help.html"), "w") as f:
+    f.write(HTML)
+with open(os.path.join(D, "kb.jsonl"), "w") as f:
+    f.write('{"id": "kb-1", "title": "Lost badge", "text": "Report a lost badge to the '
+            'front desk.\\n\\nA new badge costs 5 euros."}\n\n'
+            '{"id": 2, "title": "Parking", "text": "Parking is free for employees."}\n')
+with open(os.path.join(D, "image.bin"), "wb") as f:
+    f.write(b"\x00\x01\x02")
+with open(os.path.join(D, "blob.txt"), "wb") as f:  # a NUL byte: binary, skipped
+    f.write(b"text\x00\x01\x02")
+
+DB = os.path.join(T, "index.db")
+rc, out = run("--docs", D, "--out", DB, "--chunk-tokens", str(N), "--overlap", str(M))
+print(out.strip())
+check(rc == 0 and "files 8 added" in out and "6 skipped" in out, "first run: 8 files "
+      "indexed; 3 .jsonl data files, base_model.json, image.bin and binary blob.txt skipped")
+if rc != 0:
+    sys.exit(1)
+
+def rows(db=DB):
+    c = sqlite3.connect(db)
+    r = c.execute("SELECT p.id, f.path, f.kind, p.section, p.text, p.byte_start, p.byte_end,"
+                  " p.line_start, p.line_end, p.record_id FROM passages p JOIN files f"
+                  " ON f.id = p.file_id ORDER BY p.id").fetchall()
+    c.close()
+    return r
+
+P = rows()
+# (a) byte and line ranges, sizes, overlaps
+ok_bytes = ok_lines = ok_size = True
+for pid, path, kind, sec, text, bs, be, ls, le, rid in P:
+    ok_size &= len(text.split()) <= N
+    if kind in ("txt", "md"):
+        raw = open(os.path.join(D, path), "rb").read()
+        ok_bytes &= text in raw[bs:be].decode()
+        ok_lines &= ls == raw[:bs].count(b"\n") + 1 and le == raw[:be - 1].count(b"\n") + 1
+check(ok_bytes, "every txt/md passage's text is in file[byte_start:byte_end]")
+check(ok_lines, "every txt/md passage's line range matches its bytes")
+check(ok_size, "no passage over %d words" % N)
+lp = [p for p in P if p[1] == "long.txt"]
+pairs = 0
+ok_ov = True
+for a, b in zip(lp, lp[1:]):
+    if a[6] > b[5]:  # byte ranges overlap: two windows of one paragraph
+        pairs += 1
+        ok_ov &= a[4].split()[-M:] == b[4].split()[:M]
+        long_raw = open(os.path.join(D, "long.txt"), "rb").read()
+        ok_ov &= len(long_raw[b[5]:a[6]].split()) == M
+check(pairs >= 4 and ok_ov, "consecutive windows of the 300-word paragraph overlap by "
+      "exactly %d words (%d pairs)" % (M, pairs))
+allw = []
+for p in lp:
+    allw += p[4].split()
+check(lp[0][4] == "Intro line one.\nIntro line two." and lp[-1][4] == "Short tail."
+      and set(long_words.split()) <= set(allw), "long.txt: paragraphs kept whole, every word in")
+md = [p for p in P if p[1] == "notes.md"]
+check([p[3] for p in md][:3] == ["", "Gripper care", "Firmware"] and "reboot" in md[2][4]
+      and "```sh" in md[2][4], "markdown: headings are sections, fenced code kept")
+kb = [p for p in P if p[1] == "kb.jsonl"]
+check([(p[9], p[3], p[7]) for p in kb] == [("kb-1", "Lost badge", 1), ("2", "Parking", 3)]
+      and kb[0][5] is None, "jsonl: one section a record, id/title/line kept")
+
+# (b) HTML text against an html.parser extraction
+class Extract(html.parser.HTMLParser):
+    BLOCK = set("p div li br ul ol dl dt dd table tr td th thead tbody section article header "
+                "footer nav main aside blockquote pre hr title html head body form figure "
+                "figcaption caption address".split())
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.secs = [["", []]]
+        self.cur, self.title, self.skip, self.inh = [], None, 0, False
+    def end_para(self):
+        t = " ".join("".join(self.cur).split())
+        if t:
+            self.secs[-1][1].append(t)
+        self.cur = []
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self.skip += 1
+        elif re.fullmatch(r"h[1-6]", tag):
+            self.end_para(); self.inh = True; self.title = []
+        elif tag in self.BLOCK:
+            if self.inh: self.title.append(" ")
+            else: self.end_para()
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self.skip -= 1
+        elif re.fullmatch(r"h[1-6]", tag):
+            self.end_para()
+            if self.inh:
+                self.secs.append([" ".join("".join(self.title).split()), []])
+            self.inh = False
+        elif tag in self.BLOCK:
+            if self.inh: self.title.append(" ")
+            else: self.end_para()
+    def handle_data(self, data):
+        if self.skip: return
+        (self.title if self.inh else self.cur).append(data)
+ex = Extract()
+ex.feed(HTML); ex.close(); ex.end_para()
+want = [(s, "\n\n".join(ps)) for s, ps in ex.secs if ps]
+DBH = os.path.join(T, "html.db")
+rc, out = run("--docs", os.path.join(D, "site"), "--out", DBH, "--chunk-tokens", "10000",
+              "--overlap", "0")
+got = [(p[3], p[4]) for p in rows(DBH)]
+check(rc == 0 and got == want, "HTML sections and text equal html.parser's extraction")
+if got != want:
+    print("    got ", got, "\n    want", want)
+
+# (c) BM25 ranking against an independent float64 BM25 (FTS5's formula)
+def toks(s):
+    return re.findall(r"[^\W_]+", s.lower())
+docs = {p[0]: toks(p[3]) + toks(p[4]) for p in P}
+n_docs = len(docs)
+avgdl = sum(len(t) for t in docs.values()) / n_docs
+def bm25(query):
+    terms = query.lower().split()
+    scores = {}
+    for pid, t in docs.items():
+        if not any(q in t for q in terms):
+            continue
+        s = 0.0
+        for q in terms:
+            nq = sum(1 for d in docs.values() if q in d)
+            idf = math.log((n_docs - nq + 0.5) / (nq + 0.5))
+            if idf <= 0: idf = 1e-6
+            f = t.count(q)
+            s += idf * f * 2.2 / (f + 1.2 * (1 - 0.75 + 0.75 * len(t) / avgdl))
+        scores[pid] = s
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+c = sqlite3.connect(DB)
+for q in ["Tern gripper suction cups", "vacation days policy", "Bramble fleet software",
+          "founded bakery Harrowgate", "firmware update reboot"]:
+    m = " OR ".join('"%s"' % w for w in q.split())
+    got = c.execute("SELECT rowid, -bm25(passages_fts) FROM passages_fts WHERE passages_fts"
+                    " MATCH ? ORDER BY bm25(passages_fts), rowid LIMIT 5", (m,)).fetchall()
+    rc, out = run("--search", DB, "--query", q, "--top-k", "5")
+    cli = [int(x) for x in re.findall(r"\(passage (\d+)\)", out)]
+    ref = bm25(q)
+    same = [g[0] for g in got] == [r[0] for r in ref] == cli and all(
+        abs(g[1] - r[1]) <= 1e-6 * abs(r[1]) for g, r in zip(got, ref))
+    check(rc == 0 and same and len(ref) == 5, "top-5 for %r: ids and scores as float64 BM25" % q)
+    if not same:
+        print("    fts5", got, "\n    ref ", ref, "\n    cli ", cli)
+c.close()
+rc, out = run("--search", DB, "--query", 'AND "( NEAR * - : ^', "--top-k", "3")
+check(rc == 0, "a query of FTS5 syntax characters is not an error")
+
+# (d) incremental updates
+def index():
+    return run("--docs", D, "--out", DB, "--chunk-tokens", str(N), "--overlap", str(M))
+rc, out = index()
+check(rc == 0 and "0 added, 0 changed, 8 unchanged, 0 removed" in out and rows() == P,
+      "second run: all unchanged, passages identical")
+with open(os.path.join(D, "handbook.txt"), "a") as f:
+    f.write("\nA new paragraph about the quarterly offsite in Port Velling.\n")
+rc, out = index()
+P2 = rows()
+other = lambda rs, name: [r for r in rs if r[1] != name]
+check(rc == 0 and "0 added, 1 changed, 7 unchanged" in out and other(P2, "handbook.txt") ==
+      other(P, "handbook.txt") and any("offsite" in r[4] for r in P2),
+      "a changed file re-indexes only its rows")
+os.remove(os.path.join(D, "kb.jsonl"))
+rc, out = index()
+P3 = rows()
+check(rc == 0 and "7 unchanged, 1 removed" in out and not [r for r in P3 if r[1] == "kb.jsonl"]
+      and P3 == other(P2, "kb.jsonl"), "a deleted file's rows are removed, the rest kept")
+rc, out = run("--docs", D, "--out", DB, "--chunk-tokens", "80", "--overlap", "8")
+check(rc == 0 and "rebuilt" in out and "7 added" in out, "other chunk settings rebuild")
+rc, out = index()
+P3 = rows()
+
+# (e) a crash in the middle of an update leaves the previous index
+for name in ("products.txt", "notes.md"):
+    with open(os.path.join(D, name), "a") as f:
+        f.write("\nAppended for the crash test.\n")
+rc, out = run("--docs", D, "--out", DB, "--chunk-tokens", str(N), "--overlap", str(M),
+              env={"EN_INDEX_FAIL_AFTER": "1"})
+c = sqlite3.connect(DB)
+integ = c.execute("PRAGMA integrity_check").fetchone()[0]
+c.execute("INSERT INTO passages_fts(passages_fts, rank) VALUES('integrity-check', 1)")
+c.close()
+check(rc != 0 and integ == "ok" and rows() == P3,
+      "abort() after 1 file inside the transaction: rc %d, integrity ok, rows as before" % rc)
+rc, out = index()
+check(rc == 0 and "2 changed" in out, "the next run applies the update: " + out.strip())
+
+# (f) bad input
+bad = os.path.join(T, "bad")
+os.makedirs(bad)
+with open(os.path.join(bad, "latin1.txt"), "wb") as f:
+    f.write(b"caf\xe9 au lait\n")
+before = rows()
+rc, out = run("--docs", D, bad, "--out", DB, "--chunk-tokens", str(N), "--overlap", str(M))
+check(rc == 1 and "latin1.txt" in out and "UTF-8" in out and rows() == before,
+      "non-UTF-8 file: exit 1, named, index unchanged: " + out.strip().splitlines()[-1])
+os.remove(os.path.join(bad, "latin1.txt"))
+with open(os.path.join(bad, "x.jsonl"), "w") as f:
+    f.write('{"id": "a", "title": "A", "text": "fine"}\n{"id": "b", "text": \n')
+rc, out = run("--docs", bad, "--out", os.path.join(T, "b.db"))
+check(rc == 1 and "x.jsonl:2" in out, "bad jsonl line: exit 1, file:line named: " +
+      out.strip().splitlines()[-1])
+rc, out = run("--docs", os.path.join(T, "missing"), "--out", os.path.join(T, "c.db"))
+check(rc == 2 and "--docs" in out and "missing" in out, "missing --docs folder: " + out.strip())
+rc, out = run("--docs", D, "--out", os.path.join(T, "no", "such", "dir", "x.db"))
+check(rc == 1 and "--out" in out and "x.db" in out, "unwritable --out: " + out.strip())
+with open(os.path.join(T, "junk.db"), "w") as f:
+    f.write("not a database at all" * 100)
+rc, out = run("--search", os.path.join(T, "junk.db"), "--query", "x")
+check(rc == 1 and "junk.db" in out, "corrupt index: " + out.strip())
+rc, out = run("--docs", D, "--out", DB, "--overlap", "300")
+check(rc == 2 and "--overlap" in out, "--overlap >= --chunk-tokens: " + out.strip())
+
+print("test_index: %d failure(s)" % len(fails))
+sys.exit(1 if fails else 0)
+PYEOF
