@@ -330,7 +330,7 @@ static size_t html_tag(html_state *h, const char *s, size_t n, size_t i, int *ok
     j = j < n ? j + 1 : n;
     int hlevel = (k == 2 && name[0] == 'h' && name[1] >= '1' && name[1] <= '6');
     if (!closing && (strcmp(name, "script") == 0 || strcmp(name, "style") == 0)) {
-        char end[16];
+        char end[sizeof name + 2]; /* "</" + the name: never truncated */
         snprintf(end, sizeof end, "</%s", name);
         size_t e = find_ci(s, j, n, end);
         if (e >= n) return n;
