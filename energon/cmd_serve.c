@@ -13,6 +13,7 @@
  * Before any of that, unless the user chose an OpenMP wait policy, serve
  * runs itself again with OMP_WAIT_POLICY=passive (exec_passive_omp).
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #endif
 
 #include "../common/file.h"
+#include "../rag/index.h"
 #include "../serve/adapters.h"
 #include "../serve/engine.h"
 #include "../serve/server.h"
@@ -30,6 +32,23 @@
 #include "cli.h"
 
 #define CMD "serve"
+
+/* --index: an energon index opens (its meta table and schema version are
+ * checked); requests then open their own connections (http_retrieve.c). */
+static int index_ok(const char *path) {
+    en_err err = {0};
+    en_index *idx = NULL;
+    if (access(path, R_OK) != 0) {
+        en_cli_error(CMD, "--index: %s: %s", path, strerror(errno));
+        return 0;
+    }
+    if (en_index_open(path, 0, &idx, &err)) {
+        en_cli_error(CMD, "--index: %s is not an energon index: %s", path, err.msg);
+        return 0;
+    }
+    en_index_destroy(idx);
+    return 1;
+}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -47,6 +66,8 @@ static void usage(FILE *f) {
             "                          different adapters share the batched steps\n"
             "  --adapter-dir DIR       POST /v1/adapters may load adapters from DIR while\n"
             "                          serving (DELETE /v1/adapters/NAME unloads)\n"
+            "  --index INDEX.db        POST /v1/retrieve searches this document index (made\n"
+            "                          by energon index)\n"
             "  --max-adapters N        named adapters loaded at once (default 16)\n"
             "  --max-lora-rank R       largest adapter rank accepted (default 64)\n"
             "  --host ADDR             address to bind (default 127.0.0.1: this machine only)\n"
@@ -248,6 +269,8 @@ int en_cmd_serve(int argc, char **argv) {
             }
         } else if (en_cli_flag(argc, argv, &i, "--adapter-dir", &v, &bad)) {
             sc.adapter_dir = v;
+        } else if (en_cli_flag(argc, argv, &i, "--index", &v, &bad)) {
+            sc.index_path = v;
         } else if (en_cli_flag(argc, argv, &i, "--max-adapters", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--max-adapters", v, 1, 4096, &max_adapters)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--max-lora-rank", &v, &bad)) {
@@ -282,6 +305,7 @@ int en_cmd_serve(int argc, char **argv) {
         en_cli_error(CMD, "--adapter-dir: %s is not a directory", sc.adapter_dir);
         return EN_EXIT_USAGE;
     }
+    if (sc.index_path && !index_ok(sc.index_path)) return EN_EXIT_USAGE;
     if (n_named > max_adapters) {
         en_cli_error(CMD, "%d --adapter NAME=DIR given but --max-adapters is %d", n_named,
                      max_adapters);

@@ -71,6 +71,7 @@ typedef enum http_route {
     ROUTE_PAGE,
     ROUTE_ADAPTERS, /* /v1/adapters: GET lists, POST loads */
     ROUTE_ADAPTER,  /* /v1/adapters/{name}: GET, DELETE unloads */
+    ROUTE_RETRIEVE, /* /v1/retrieve: POST searches --index */
     ROUTE_COUNT
 } http_route;
 
@@ -190,6 +191,8 @@ enum MHD_Result http_tokenize(http_req *r);
 enum MHD_Result http_detokenize(http_req *r);
 /* GET/POST /v1/adapters, GET/DELETE /v1/adapters/{name} (http_adapters.c). */
 enum MHD_Result http_adapters(http_req *r);
+/* POST /v1/retrieve (http_retrieve.c). */
+enum MHD_Result http_retrieve(http_req *r);
 /* GET /metrics (metrics.c). */
 enum MHD_Result metrics_send(http_req *r);
 

@@ -147,6 +147,7 @@ static const char *const k_route_labels[ROUTE_COUNT] = {
     [ROUTE_PAGE] = "/",
     [ROUTE_ADAPTERS] = "/v1/adapters",
     [ROUTE_ADAPTER] = "/v1/adapters/{name}",
+    [ROUTE_RETRIEVE] = "/v1/retrieve",
 };
 
 const char *srv_route_label(http_route r) {
@@ -276,7 +277,7 @@ static http_route route_of(const char *url) {
         http_route route;
     } k_routes[] = {
         {"/v1/chat/completions", ROUTE_CHAT}, {"/v1/completions", ROUTE_COMPLETIONS},
-        {"/v1/embeddings", ROUTE_EMBEDDINGS},
+        {"/v1/embeddings", ROUTE_EMBEDDINGS}, {"/v1/retrieve", ROUTE_RETRIEVE},
         {"/v1/models", ROUTE_MODELS},         {"/health", ROUTE_HEALTH},
         {"/metrics", ROUTE_METRICS},          {"/tokenize", ROUTE_TOKENIZE},
         {"/detokenize", ROUTE_DETOKENIZE},    {"/", ROUTE_PAGE},
@@ -291,7 +292,8 @@ static http_route route_of(const char *url) {
 
 int srv_route_is_post(http_route r) {
     return r == ROUTE_CHAT || r == ROUTE_COMPLETIONS || r == ROUTE_EMBEDDINGS ||
-           r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE || r == ROUTE_ADAPTERS;
+           r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE || r == ROUTE_ADAPTERS ||
+           r == ROUTE_RETRIEVE;
 }
 
 int srv_route_allows(http_route r, const char *method, const char **allowed) {
@@ -377,6 +379,7 @@ static enum MHD_Result dispatch(http_req *r) {
     case ROUTE_DETOKENIZE: return http_detokenize(r);
     case ROUTE_ADAPTERS:
     case ROUTE_ADAPTER: return http_adapters(r);
+    case ROUTE_RETRIEVE: return http_retrieve(r);
     default: break;
     }
     oa_fail(&e, 404, "unknown_url", NULL, "Unknown request URL: %s %s", r->method, r->path);

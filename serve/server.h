@@ -33,6 +33,9 @@ typedef struct en_server_config {
      * POST /v1/adapters may load from (NULL: loading while serving off). */
     struct en_adapter_set *adapters;
     const char *adapter_dir;
+    /* The document index POST /v1/retrieve searches (borrowed; NULL: the
+     * route answers 404 retrieval_not_enabled). Checked by the caller. */
+    const char *index_path;
 } en_server_config;
 en_server_config en_server_config_default(void);
 

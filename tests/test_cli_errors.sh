@@ -113,6 +113,9 @@ expect "eval empty file" 1 "$T/empty.txt: no text to score" -- "$ENERGON" eval -
 # llama2c conversion input
 head -c 1000 "$FIX/hf/llama_bf16/model.safetensors" >"$T/junk.bin"
 expect "convert junk checkpoint" 1 "$T/junk.bin" -- "$ENERGON" convert llama2c --checkpoint "$T/junk.bin" --tokenizer "$M/tokenizer.model" --out "$T/conv"
+expect "serve --index missing" 2 "--index: $T/none.db" -- "$ENERGON" serve --model "$M" --index "$T/none.db"
+printf 'not a database' >"$T/notindex.db"
+expect "serve --index not an index" 2 "--index: $T/notindex.db is not an energon index" -- "$ENERGON" serve --model "$M" --index "$T/notindex.db"
 if [ -f "$SHARED/models/stories260K/stories260K.bin" ]; then
     head -c 500000 "$SHARED/models/stories260K/stories260K.bin" >"$T/s260.bin"
     expect "convert truncated stories260K" 1 "the header implies 1056540" -- "$ENERGON" convert llama2c --checkpoint "$T/s260.bin" --tokenizer "$SHARED/models/stories260K/tok512.model" --out "$T/conv"

@@ -133,7 +133,7 @@ hfail() {
 }
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters"
-DEFAULT_SCRIPTS+=" finetuned_adapters disconnect"
+DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect"
 DEFAULT_SCRIPTS+=" chat_page"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
@@ -176,7 +176,7 @@ side_script() {
 }
 
 for script in $SCRIPTS; do
-    case $script in embeddings | adapters | finetuned_adapters) continue ;; esac # own servers
+    case $script in embeddings | adapters | finetuned_adapters | retrieve) continue ;; esac # own servers
     # prefix_cache compares the main server (EN_URL) with a second one without
     # the cache (EN_URL_NOCACHE), started here and stopped after it
     nocache=
@@ -286,6 +286,26 @@ case " $SCRIPTS " in *" finetuned_adapters "*)
             EN_FOREIGN_ADAPTER="$FIX/grad/llama_gqa_tied_lora_adapter"
     else
         hfail "training the finetuned_adapters test's adapters: $(tail -3 "$T/ft-setup.log")"
+    fi
+    ;;
+esac
+
+# ---- retrieval: POST /v1/retrieve on a server with --index of examples/company
+case " $SCRIPTS " in *" retrieve "*)
+    echo "---- retrieve"
+    if "$ENERGON" index --docs "$ROOT/examples/company" --out "$T/company.db" \
+        >"$T/retrieve-setup.log" 2>&1; then
+        # a server without --index (the main one may have had its SIGTERM by now)
+        side_server server-noindex.log --model "$T/model" --model-name "$NAME"
+        NPID=$QPID NURL=$QURL
+        side_server server-retrieve.log --model "$T/model" --model-name "$NAME" \
+            --index "$T/company.db"
+        side_script retrieve "" retrieve EN_INDEX="$T/company.db" EN_URL_MAIN="$NURL"
+        [ -n "$NURL" ] || hfail "the server without --index did not start"
+        kill -TERM "$NPID" 2>/dev/null
+        wait "$NPID" 2>/dev/null
+    else
+        hfail "energon index for the retrieve test: $(tail -1 "$T/retrieve-setup.log")"
     fi
     ;;
 esac

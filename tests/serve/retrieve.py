@@ -1,0 +1,111 @@
+"""POST /v1/retrieve on a server started with --index (tests/test_serve.sh
+starts it on an index of examples/company, EN_INDEX): (a) ranked ids and
+scores equal an independent float64 BM25 over the passages read with
+sqlite3 (FTS5's formula, copied from tests/test_index.sh); (b) passage
+fields equal the DB rows; (c) 16 concurrent requests equal each alone;
+(d) bad bodies: 400 naming the param, GET 405 with Allow: POST; (e) a
+server without --index (EN_URL_MAIN) answers 404 retrieval_not_enabled."""
+import math
+import os
+import re
+import sqlite3
+import threading
+
+from common import check, finish, http, post
+
+DB = os.environ["EN_INDEX"]
+MAIN = os.environ.get("EN_URL_MAIN", "")
+
+
+def rows():
+    c = sqlite3.connect(DB)
+    r = c.execute("SELECT p.id, f.path, p.section, p.text, p.line_start, p.line_end"
+                  " FROM passages p JOIN files f ON f.id = p.file_id ORDER BY p.id").fetchall()
+    c.close()
+    return {x[0]: x for x in r}
+
+
+P = rows()
+
+
+def toks(s):
+    return re.findall(r"[^\W_]+", s.lower())
+
+
+docs = {pid: toks(p[2]) + toks(p[3]) for pid, p in P.items()}
+n_docs = len(docs)
+avgdl = sum(len(t) for t in docs.values()) / n_docs
+
+
+def bm25(query, k):
+    terms = query.lower().split()
+    scores = {}
+    for pid, t in docs.items():
+        if not any(q in t for q in terms):
+            continue
+        s = 0.0
+        for q in terms:
+            nq = sum(1 for d in docs.values() if q in d)
+            idf = math.log((n_docs - nq + 0.5) / (nq + 0.5))
+            if idf <= 0:
+                idf = 1e-6
+            f = t.count(q)
+            s += idf * f * 2.2 / (f + 1.2 * (1 - 0.75 + 0.75 * len(t) / avgdl))
+        scores[pid] = s
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
+QUERIES = [("Tern gripper suction cups", 5), ("vacation days policy", 3),
+           ("Bramble fleet software", 5), ("founded bakery Harrowgate", 7),
+           ("firmware update reboot", 1)]
+for q, k in QUERIES:
+    st, js, raw = post("/v1/retrieve", {"query": q, "top_k": k})
+    ok = st == 200 and js.get("object") == "list" and js.get("model") == os.path.basename(DB)
+    data = js.get("data", []) if ok else []
+    ref = bm25(q, k)
+    same = [d["id"] for d in data] == [r[0] for r in ref] and all(
+        abs(d["score"] - r[1]) <= 1e-6 * abs(r[1]) for d, r in zip(data, ref))
+    check(ok and same and len(data) <= k and [d["index"] for d in data] == list(range(len(data))),
+          f"top-{k} for {q!r}: ids and scores as float64 BM25", f"{st} {raw[:300]!r} ref {ref}")
+    fields = all(d["object"] == "passage" and (d["file"], d["section"], d["text"],
+                 d["line_start"], d["line_end"]) == P[d["id"]][1:] for d in data)
+    check(fields, f"passages of {q!r} equal the index's rows")
+
+# (c) concurrency
+alone = {q: post("/v1/retrieve", {"query": q, "top_k": k})[2] for q, k in QUERIES}
+got = [None] * 16
+
+
+def one(i):
+    q, k = QUERIES[i % len(QUERIES)]
+    got[i] = (q, post("/v1/retrieve", {"query": q, "top_k": k})[2])
+
+
+th = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+for t in th:
+    t.start()
+for t in th:
+    t.join()
+check(all(g and g[1] == alone[g[0]] for g in got), "16 concurrent retrieves equal each alone")
+
+# (d) bad input
+BAD = [({"top_k": 3}, "query"), ({"query": ""}, "query"), ({"query": 5}, "query"),
+       ({"query": "x", "top_k": 0}, "top_k"), ({"query": "x", "top_k": 101}, "top_k"),
+       ({"query": "x", "top_k": "5"}, "top_k"), ({"query": "q" * 9000}, "query")]
+for body, param in BAD:
+    st, js, raw = post("/v1/retrieve", body)
+    err = (js or {}).get("error") or {}
+    check(st == 400 and err.get("param") == param, f"{str(body)[:60]} -> 400 param {param}",
+          f"{st} {raw[:200]!r}")
+st, js, raw = post("/v1/retrieve", "not json")
+check(st == 400 and isinstance((js or {}).get("error"), dict), "a non-JSON body -> 400")
+st, hd, raw = http("GET", "/v1/retrieve")
+check(st == 405 and hd.get("allow") == "POST", "GET /v1/retrieve -> 405, Allow: POST",
+      f"{st} {hd}")
+
+# (e) no --index
+if MAIN:
+    st, js, raw = post("/v1/retrieve", {"query": "vacation"}, url=MAIN)
+    check(st == 404 and ((js or {}).get("error") or {}).get("code") == "retrieval_not_enabled",
+          "a server without --index -> 404 retrieval_not_enabled", f"{st} {raw[:200]!r}")
+finish("retrieve")
