@@ -13,6 +13,8 @@
 #   finetuned_adapters  3 adapters trained here by energon finetune and the
 #                base, 32 requests at once: each equals energon generate;
 #                refusals; resident memory over load/unload cycles
+#   retrieve     POST /v1/retrieve of a --index server against a float64 BM25
+#                over the index's rows; bad bodies; no --index: 404
 #   concurrency  32 concurrent clients, each answer equal to the same request
 #                sent alone; /metrics shows they ran together
 #   prefix_cache 16 prompts sharing ~300 tokens: cached_tokens are their shared
