@@ -121,7 +121,8 @@ en_status en_index_open(const char *path, int create, en_index **out, en_err *er
         en_free(idx);
         return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
     }
-    int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
+    /* create = 0 is for readers (the server, --search): they never write */
+    int flags = create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY;
     en_status s = EN_OK;
     if (sqlite3_open_v2(path, &idx->db, flags, NULL) != SQLITE_OK)
         s = db_err(idx, err, "cannot open");

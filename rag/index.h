@@ -28,7 +28,8 @@ typedef struct en_index_config {
 
 en_index_config en_index_config_default(void);
 
-/* Open (create = 1: create when missing) the index at path. Checks that
+/* Open the index at path: create = 1 to update it (made when missing),
+ * 0 to search it (read-only: SQLITE_OPEN_READONLY). Checks that
  * SQLite has FTS5 and that the file is an energon index of a known schema
  * version. EN_ERR_IO / EN_ERR_FORMAT / EN_ERR_UNSUPPORTED name the path. */
 en_status en_index_open(const char *path, int create, en_index **out, en_err *err);
