@@ -218,18 +218,16 @@ void en_cpu_matmul_inv(en_backend *be, float *y, const float *x, const float *w,
 #if !INV_X86
     (void)simd;
 #endif
-#if INV_X86
-    if (simd && K > 0 && K < 16) {
-        rows_small_k(y, x, w, M, N, K, 0, N);
-        return;
-    }
-#endif
     const int R = inv_rows(M, K), NB = (N + R - 1) / R;
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) \
     if ((size_t)N * (size_t)K >= CPU_PAR_MIN)
     for (int nb = 0; nb < NB; nb++) {
         const int n0 = nb * R, n1 = n0 + R < N ? n0 + R : N;
 #if INV_X86
+        if (simd && K < 16) { /* items of 16 or 48 rows: whole 8-column blocks */
+            rows_small_k(y, x, w, M, N, K, n0, n1);
+            continue;
+        }
         if (simd) {
             rows_avx2(y, x, w, M, N, K, n0, n1);
             continue;
