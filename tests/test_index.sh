@@ -16,7 +16,7 @@ fi
 T=$(mktemp -d /tmp/en_index_XXXXXX)
 trap 'rm -rf "$T"' EXIT
 "$PY" - "$ENERGON" "$ROOT" "$T" <<'PYEOF'
-import html.parser, math, os, re, shutil, sqlite3, subprocess, sys
+import html.parser, os, re, shutil, sqlite3, subprocess, sys
 
 energon, root, T = sys.argv[1:4]
 N, M = 60, 8
@@ -166,26 +166,9 @@ if got != want:
     print("    got ", got, "\n    want", want)
 
 # (c) BM25 ranking against an independent float64 BM25 (FTS5's formula)
-def toks(s):
-    return re.findall(r"[^\W_]+", s.lower())
-docs = {p[0]: toks(p[3]) + toks(p[4]) for p in P}
-n_docs = len(docs)
-avgdl = sum(len(t) for t in docs.values()) / n_docs
-def bm25(query):
-    terms = query.lower().split()
-    scores = {}
-    for pid, t in docs.items():
-        if not any(q in t for q in terms):
-            continue
-        s = 0.0
-        for q in terms:
-            nq = sum(1 for d in docs.values() if q in d)
-            idf = math.log((n_docs - nq + 0.5) / (nq + 0.5))
-            if idf <= 0: idf = 1e-6
-            f = t.count(q)
-            s += idf * f * 2.2 / (f + 1.2 * (1 - 0.75 + 0.75 * len(t) / avgdl))
-        scores[pid] = s
-    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+sys.path.insert(0, os.path.join(root, "tests", "serve"))
+from bm25_ref import bm25_top, tokens
+docs = {p[0]: tokens(p[3]) + tokens(p[4]) for p in P}
 c = sqlite3.connect(DB)
 for q in ["Tern gripper suction cups", "vacation days policy", "Bramble fleet software",
           "founded bakery Harrowgate", "firmware update reboot"]:
@@ -194,7 +177,7 @@ for q in ["Tern gripper suction cups", "vacation days policy", "Bramble fleet so
                     " MATCH ? ORDER BY bm25(passages_fts), rowid LIMIT 5", (m,)).fetchall()
     rc, out = run("--search", DB, "--query", q, "--top-k", "5")
     cli = [int(x) for x in re.findall(r"\(passage (\d+)\)", out)]
-    ref = bm25(q)
+    ref = bm25_top(docs, q, 5)
     same = [g[0] for g in got] == [r[0] for r in ref] == cli and all(
         abs(g[1] - r[1]) <= 1e-6 * abs(r[1]) for g, r in zip(got, ref))
     check(rc == 0 and same and len(ref) == 5, "top-5 for %r: ids and scores as float64 BM25" % q)

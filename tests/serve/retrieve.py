@@ -1,16 +1,15 @@
 """POST /v1/retrieve on a server started with --index (tests/test_serve.sh
 starts it on an index of examples/company, EN_INDEX): (a) ranked ids and
 scores equal an independent float64 BM25 over the passages read with
-sqlite3 (FTS5's formula, copied from tests/test_index.sh); (b) passage
-fields equal the DB rows; (c) 16 concurrent requests equal each alone;
+sqlite3 (FTS5's formula: bm25_ref.py, shared with tests/test_index.sh);
+(b) passage fields equal the DB rows; (c) 16 concurrent requests equal each alone;
 (d) bad bodies: 400 naming the param, GET 405 with Allow: POST; (e) a
 server without --index (EN_URL_MAIN) answers 404 retrieval_not_enabled."""
-import math
 import os
-import re
 import sqlite3
 import threading
 
+from bm25_ref import bm25_top, tokens
 from common import check, finish, http, post
 
 DB = os.environ["EN_INDEX"]
@@ -28,31 +27,7 @@ def rows():
 P = rows()
 
 
-def toks(s):
-    return re.findall(r"[^\W_]+", s.lower())
-
-
-docs = {pid: toks(p[2]) + toks(p[3]) for pid, p in P.items()}
-n_docs = len(docs)
-avgdl = sum(len(t) for t in docs.values()) / n_docs
-
-
-def bm25(query, k):
-    terms = query.lower().split()
-    scores = {}
-    for pid, t in docs.items():
-        if not any(q in t for q in terms):
-            continue
-        s = 0.0
-        for q in terms:
-            nq = sum(1 for d in docs.values() if q in d)
-            idf = math.log((n_docs - nq + 0.5) / (nq + 0.5))
-            if idf <= 0:
-                idf = 1e-6
-            f = t.count(q)
-            s += idf * f * 2.2 / (f + 1.2 * (1 - 0.75 + 0.75 * len(t) / avgdl))
-        scores[pid] = s
-    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+docs = {pid: tokens(p[2]) + tokens(p[3]) for pid, p in P.items()}
 
 
 QUERIES = [("Tern gripper suction cups", 5), ("vacation days policy", 3),
@@ -62,7 +37,7 @@ for q, k in QUERIES:
     st, js, raw = post("/v1/retrieve", {"query": q, "top_k": k})
     ok = st == 200 and js.get("object") == "list" and js.get("model") == os.path.basename(DB)
     data = js.get("data", []) if ok else []
-    ref = bm25(q, k)
+    ref = bm25_top(docs, q, k)
     same = [d["id"] for d in data] == [r[0] for r in ref] and all(
         abs(d["score"] - r[1]) <= 1e-6 * abs(r[1]) for d, r in zip(data, ref))
     check(ok and same and len(data) <= k and [d["index"] for d in data] == list(range(len(data))),
