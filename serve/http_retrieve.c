@@ -1,6 +1,6 @@
 /*
  * http_retrieve.c - POST /v1/retrieve {"query","top_k"}: the top_k passages
- * of the server's --index for a free-text query, ranked by BM25 (the
+ * of the server's --index for a free-text query, ranked by en_retrieve (the
  * passage fields are docs/retrieval.md's schema). Behind the API key like
  * every route but /health; 404 retrieval_not_enabled without --index.
  *
@@ -13,6 +13,7 @@
 
 #include "../rag/index.h"
 #include "http_impl.h"
+#include "retrieval.h"
 #include "retrieve_request.h"
 
 static const char *base_name(const char *path) {
@@ -35,13 +36,18 @@ static json_t *hit_json(const en_index_hit *h, int i) {
     return o;
 }
 
-static int search(const char *path, const retrieve_req *q, json_t **out, oa_err *e) {
+static int search(en_server *srv, const char *path, const retrieve_req *q, json_t **out,
+                  oa_err *e) {
+    en_engine *eng = NULL;
+    const en_tokenizer *tok = NULL;
+    const en_chat_template *tmpl = NULL;
+    srv_get_model(srv, &eng, &tok, &tmpl);
     en_err err = {0};
     en_index *idx = NULL;
     en_index_hit *hits = NULL;
     int n = 0;
     if (en_index_open(path, 0, &idx, &err) ||
-        en_index_search(idx, q->query, q->top_k, &hits, &n, &err)) {
+        en_retrieve(idx, eng, q->query, q->top_k, &hits, &n, &err)) {
         en_index_destroy(idx);
         return oa_fail(e, 500, NULL, NULL, "--index %s: %s", path, err.msg);
     }
@@ -71,7 +77,7 @@ enum MHD_Result http_retrieve(http_req *r) {
     retrieve_req q;
     if (retrieve_req_parse(r->body, r->body_len, &q, &e)) return http_send_error(r, &e);
     json_t *body = NULL;
-    int rc = search(path, &q, &body, &e);
+    int rc = search(r->srv, path, &q, &body, &e);
     retrieve_req_free(&q);
     return rc ? http_send_error(r, &e) : http_send_json(r, 200, body);
 }

@@ -17,7 +17,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "../rag/ground.h"
+#include "chat_retrieval.h"
 #include "http_impl.h"
+#include "retrieve_request.h"
 
 #define MAX_CHOICES 16
 #define MAX_COMPLETION_LOGPROBS 5
@@ -53,6 +56,11 @@ typedef struct gen {
     int prompt_tokens;
     int cached_tokens; /* usage.prompt_tokens_details.cached_tokens */
     int counted; /* srv_active_begin succeeded */
+    /* chat "retrieval": the passages put into the prompt, returned as
+     * "citations" (retrieval = 1 even when none matched) */
+    int retrieval;
+    en_index_hit *hits;
+    int n_hits;
     /* streaming */
     char *out;
     size_t out_len, out_cap, out_pos;
@@ -258,7 +266,7 @@ static json_t *chat_extra(const json_t *j, oa_err *e) {
  * A template error (it raised, or refused the conversation) is a 400 that
  * quotes it. */
 static int chat_prompt(const json_t *j, const en_chat_template *tmpl, const en_tokenizer *tok,
-                       int32_t **ids, size_t *n_ids, oa_err *e) {
+                       const gen *g, int32_t **ids, size_t *n_ids, oa_err *e) {
     const json_t *m = json_object_get(j, "messages");
     if (!m || json_is_null(m))
         return oa_fail(e, 400, NULL, "messages", "messages is required");
@@ -276,6 +284,16 @@ static int chat_prompt(const json_t *j, const en_chat_template *tmpl, const en_t
     }
     if (!(extra = chat_extra(j, e))) goto done;
     en_err err = {0};
+    if (g->n_hits) { /* the passages go in after the messages were checked */
+        json_t *grounded = NULL;
+        en_ground_mode mode = en_ground_mode_of(en_chat_template_source(tmpl));
+        if (en_ground_apply(msgs, g->hits, g->n_hits, mode, extra, &grounded, &err)) {
+            oa_fail(e, 500, NULL, NULL, "out of memory");
+            goto done;
+        }
+        json_decref(msgs);
+        msgs = grounded;
+    }
     if (en_chat_template_render(tmpl, msgs, extra, 1, 0, &rd, &err) != EN_OK) {
         oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL, "messages", "messages: %s",
                 err.msg);
@@ -502,6 +520,9 @@ static json_t *full_answer(gen *g) {
     }
     json_object_set_new(o, "choices", arr);
     json_object_set_new(o, "usage", usage_json(g));
+    if (g->retrieval) /* "cited": the first choice's answer has the marker */
+        json_object_set_new(o, "citations",
+                            en_ground_citations(g->hits, g->n_hits, g->ch[0].text));
     return o;
 }
 
@@ -559,6 +580,15 @@ static int emit_chunk(gen *g, int i, const char *text, size_t len, json_t *lp,
     json_object_set_new(ch, "logprobs", lp ? lp : json_null());
     json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
     json_object_set_new(o, "choices", json_pack("[o]", ch));
+    /* The first chunk carries the citations (without "cited": the answer is
+     * still to come; the markers are in the streamed text). */
+    if (role && i == 0 && g->retrieval) {
+        json_t *cit = en_ground_citations(g->hits, g->n_hits, NULL);
+        size_t k;
+        json_t *c;
+        json_array_foreach(cit, k, c) json_object_del(c, "cited");
+        json_object_set_new(o, "citations", cit);
+    }
     /* With include_usage every chunk carries "usage": null but the last. */
     if (g->include_usage) json_object_set_new(o, "usage", json_null());
     return emit_json(g, o);
@@ -692,6 +722,7 @@ static void gen_destroy(gen *g) {
     }
     if (g->counted) srv_active_end(g->srv);
     en_adapter_release(g->adapter);
+    en_index_hits_free(g->hits, g->n_hits);
     en_free(g->echo);
     en_free(g->out);
     en_free(g);
@@ -791,7 +822,13 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
         }
         g->logprobs = lp;
         g->top_logprobs = (int)top;
-        if (chat_prompt(j, tmpl, tok, &ids, &n_ids, &e)) goto fail;
+        int top_k = 0;
+        if (retrieval_field_parse(j, &top_k, &e)) goto fail;
+        if (top_k) {
+            g->retrieval = 1;
+            if (chat_retrieve(r, j, top_k, &g->hits, &g->n_hits, &e)) goto fail;
+        }
+        if (chat_prompt(j, tmpl, tok, g, &ids, &n_ids, &e)) goto fail;
     } else {
         long long lp = -1;
         int echo = 0;

@@ -36,3 +36,23 @@ void retrieve_req_free(retrieve_req *r) {
     json_decref(r->body);
     memset(r, 0, sizeof *r);
 }
+
+int retrieval_field_parse(const json_t *j, int *top_k, oa_err *e) {
+    *top_k = 0;
+    const json_t *r = json_object_get(j, "retrieval");
+    if (!r || json_is_null(r)) return 0;
+    if (!json_is_object(r))
+        return oa_fail(e, 400, NULL, "retrieval",
+                       "retrieval must be an object like {\"top_k\": 3}");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)r, key, v) {
+        if (strcmp(key, "top_k"))
+            return oa_fail(e, 400, NULL, "retrieval", "retrieval has an unknown field '%.64s' "
+                           "(it takes top_k)", key);
+    }
+    long long k = RETRIEVE_TOP_K_DEFAULT;
+    if (oa_get_int(r, "top_k", "retrieval.top_k", 1, RETRIEVE_TOP_K_MAX, &k, e)) return -1;
+    *top_k = (int)k;
+    return 0;
+}

@@ -30,4 +30,11 @@ int retrieve_req_parse(const char *body, size_t len, retrieve_req *out, oa_err *
 /* Release the parsed body; NULL fields are a no-op. */
 void retrieve_req_free(retrieve_req *r);
 
+/* The "retrieval" field of a chat completions body j: absent or null ->
+ * *top_k = 0 (no retrieval); an object {"top_k": K} -> K (1..
+ * RETRIEVE_TOP_K_MAX, default RETRIEVE_TOP_K_DEFAULT). Anything else is -1
+ * with a 400 naming "retrieval" or "retrieval.top_k" (an unknown key in the
+ * object is named too, so that a typo is not silently ignored). */
+int retrieval_field_parse(const json_t *j, int *top_k, oa_err *e);
+
 #endif /* EN_RETRIEVE_REQUEST_H */
