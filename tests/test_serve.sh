@@ -304,6 +304,16 @@ case " $SCRIPTS " in *" retrieve "*)
             --index "$T/company.db"
         side_script retrieve "" retrieve EN_INDEX="$T/company.db" EN_URL_MAIN="$NURL"
         [ -n "$NURL" ] || hfail "the server without --index did not start"
+        # chat "retrieval": passages small enough that three fit the context;
+        # the script starts its own --index server, EN_URL is the one without
+        if "$ENERGON" index --docs "$ROOT/examples/company" --out "$T/company-small.db" \
+            --chunk-tokens 32 --overlap 4 >>"$T/retrieve-setup.log" 2>&1; then
+            QPID=$NPID QURL=$NURL
+            side_script retrieval_chat "" retrieval_chat EN_INDEX="$T/company-small.db" \
+                EN_DOCS="$ROOT/examples/company"
+        else
+            hfail "energon index for retrieval_chat: $(tail -1 "$T/retrieve-setup.log")"
+        fi
         kill -TERM "$NPID" 2>/dev/null
         wait "$NPID" 2>/dev/null
     else
