@@ -18,9 +18,13 @@
 
 #define CMD "eval"
 
+int en_cmd_eval_qa(int argc, char **argv); /* cmd_eval_qa.c */
+
 static void usage(FILE *f) {
     fprintf(f, "usage: energon eval --model DIR|FILE.gguf --data FILE [--adapter DIR] [--ctx N]\n"
                "                   [--weights W] [--json] [--threads N]\n"
+               "       energon eval qa --data QA.jsonl --index INDEX.db --model M [...]\n"
+               "                   (grounded question answering: energon eval qa --help)\n"
                "\n"
                "Score FILE (UTF-8 text; .gz is decompressed) with the model and print the\n"
                "token count, mean negative log-likelihood per token (nats) and perplexity.\n"
@@ -39,6 +43,7 @@ int en_cmd_eval(int argc, char **argv) {
     lo.need_tokenizer = 1;
     const char *data = NULL;
     int n_ctx = 0, json_out = 0, bad = 0;
+    if (argc > 1 && strcmp(argv[1], "qa") == 0) return en_cmd_eval_qa(argc - 1, argv + 1);
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
         if (en_cli_switch(argv, i, "--help") || en_cli_switch(argv, i, "-h")) {
