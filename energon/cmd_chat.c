@@ -14,16 +14,25 @@
  * status 1 when any request failed. An answer can itself contain newlines;
  * --one-line turns them into spaces so that answer k is exactly line k.
  *
+ * Grounded answers: with --index INDEX.db (in-process) or --retrieval (a
+ * --url server started with --index) each request carries "retrieval":
+ * {"top_k": K}; the first streamed chunk's "citations" are printed under the
+ * answer as "[n] FILE, SECTION (lines A-B)", with '*' after [n] when the
+ * answer contains the marker "[n]". Piped, stdout stays one answer per
+ * question unless --show-sources asks for the source lines too.
+ *
  * Left out: line editing and recall (no readline dependency), tool calls,
  * several choices per request (n > 1).
  */
 #include <curl/curl.h>
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../rag/index.h"
 #include "../serve/engine.h"
 #include "../serve/server.h"
 #include "../tokenizer/chat.h"
@@ -66,6 +75,14 @@ static void usage(FILE *f) {
             "  --seed S             sampling seed\n"
             "  --one-line           newlines inside an answer become spaces, so that each\n"
             "                       answer is one line (for scripts reading piped output)\n"
+            "  --index INDEX.db     with --model DIR: answer from this document index (made\n"
+            "                       by energon index): each question retrieves passages,\n"
+            "                       the answer cites them, the sources are printed under it\n"
+            "  --retrieval          with --url: the same against a server started with\n"
+            "                       --index\n"
+            "  --retrieval-top-k K  passages per question (default 3; implies --retrieval)\n"
+            "  --show-sources       piped: after each answer line, one line per source,\n"
+            "                       \"[n] FILE, SECTION (lines A-B)\" ('*' after [n]: cited)\n"
             "\n"
             "Commands: /reset (forget the conversation, keep the system message),\n"
             "/system TEXT (new system message, then reset), /quit (or end of input).\n");
@@ -136,6 +153,8 @@ typedef struct chat_client {
     int has_seed;
     int piped;          /* stdin is not a terminal: no prompts, one answer per question */
     int one_line;       /* --one-line: newlines in answers become spaces */
+    int top_k;          /* > 0: requests carry "retrieval": {"top_k": top_k} */
+    int show_sources;   /* --show-sources: source lines in piped mode too */
     CURL *curl;         /* reused, so the connection stays open between turns */
     char curl_err[CURL_ERROR_SIZE];
 } chat_client;
@@ -147,6 +166,7 @@ typedef struct chat_stream {
     en_sbuf answer; /* the content received so far */
     size_t shown;   /* bytes of answer already written to stdout */
     char err[512];  /* an error event in the stream, or a malformed one */
+    json_t *citations; /* the first chunk's "citations" (a reference), or NULL */
 } chat_stream;
 
 /* The length of the longest prefix of s[0..n) that does not end inside a
@@ -200,6 +220,8 @@ static int on_event(void *user, const char *d) {
         return 1;
     }
     json_t *e = json_object_get(j, "error");
+    json_t *cit = json_object_get(j, "citations");
+    if (json_is_array(cit) && !st->citations) st->citations = json_incref(cit);
     if (e) {
         if (!st->err[0]) error_text(e, st->err, sizeof st->err);
     } else {
@@ -230,6 +252,7 @@ static void stream_init(chat_stream *st, chat_client *c, int sse) {
 static void stream_free(chat_stream *st) {
     en_sse_deinit(&st->rd);
     en_sbuf_deinit(&st->answer);
+    json_decref(st->citations);
 }
 
 /* Run one request: GET when post is NULL, else POST of the JSON text.
@@ -323,9 +346,33 @@ static char *chat_body(const chat_client *c, const chat_history *h) {
     if (c->has_temperature) json_object_set_new(req, "temperature", json_real(c->temperature));
     if (c->max_tokens) json_object_set_new(req, "max_tokens", json_integer(c->max_tokens));
     if (c->has_seed) json_object_set_new(req, "seed", json_integer((json_int_t)c->seed));
+    if (c->top_k > 0)
+        json_object_set_new(req, "retrieval", json_pack("{s:i}", "top_k", c->top_k));
     char *s = json_dumps(req, JSON_COMPACT);
     json_decref(req);
     return s; /* jansson's allocator: free() */
+}
+
+/* The sources of a grounded answer, one line each: "  [n] FILE, SECTION
+ * (lines A-B)" ("FILE (lines A-B)" when the section is empty), with '*'
+ * right after "[n]" when the answer contains the marker "[n]". */
+static void print_sources(const json_t *citations, const char *answer) {
+    size_t i;
+    json_t *ci;
+    json_array_foreach(citations, i, ci) {
+        json_int_t n = json_integer_value(json_object_get(ci, "index"));
+        const char *file = json_string_value(json_object_get(ci, "file"));
+        const char *sec = json_string_value(json_object_get(ci, "section"));
+        json_int_t a = json_integer_value(json_object_get(ci, "line_start"));
+        json_int_t b = json_integer_value(json_object_get(ci, "line_end"));
+        char marker[32];
+        snprintf(marker, sizeof marker, "[%lld]", (long long)n);
+        int cited = answer && strstr(answer, marker) != NULL;
+        printf("  %s%s %s%s%s (lines %lld-%lld)\n", marker, cited ? "*" : "",
+               file ? file : "?", sec && *sec ? ", " : "", sec && *sec ? sec : "",
+               (long long)a, (long long)b);
+    }
+    fflush(stdout);
 }
 
 /* Send the conversation, stream the answer to stdout and return it in
@@ -359,10 +406,18 @@ static int chat_ask(chat_client *c, const chat_history *h, char **answer) {
         *answer = str_dup(st.answer.p ? st.answer.p : "");
         if (!*answer) rc = 1;
     }
+    if (rc == 0 && c->top_k > 0 && !c->piped) {
+        if (!st.citations || json_array_size(st.citations) == 0)
+            printf("(no sources: no passage of the index matched the question)\n");
+        else
+            printf("sources (* cited in the answer):\n");
+        if (st.citations) print_sources(st.citations, *answer);
+    }
 done:
     /* Piped: each answer ends with a newline; a failed one is an empty line. */
     if (c->piped) {
         putchar('\n');
+        if (rc == 0 && c->show_sources && st.citations) print_sources(st.citations, *answer);
         fflush(stdout);
     }
     stream_free(&st);
@@ -457,8 +512,8 @@ typedef struct local_server {
     en_chat_template *tmpl;
 } local_server;
 
-static int local_start(const en_cli_load_opts *lo, const char *tmpl_value, local_server *ls,
-                       chat_client *c) {
+static int local_start(const en_cli_load_opts *lo, const char *tmpl_value, const char *index,
+                       local_server *ls, chat_client *c) {
     memset(ls, 0, sizeof *ls);
     int rc = en_cli_load(CMD, lo, &ls->cm);
     if (rc) return rc;
@@ -482,6 +537,7 @@ static int local_start(const en_cli_load_opts *lo, const char *tmpl_value, local
     sc.port = 0;
     sc.model_name = name;
     sc.log_requests = 0;
+    sc.index_path = index;
     if (en_server_start(ls->engine, ls->cm.tok, ls->tmpl, &sc, &ls->server, &err) != EN_OK) {
         en_cli_error(CMD, "%s", err.msg);
         goto fail;
@@ -520,11 +576,48 @@ static int set_base(chat_client *c, const char *url) {
     return 1;
 }
 
+/* --index, --retrieval, --retrieval-top-k, --show-sources together: sets
+ * c->top_k (0: no retrieval). Returns 0, or 1 after a usage error. */
+static int retrieval_flags(const char *url, const char *index, int retrieval, chat_client *c) {
+    if (index && url) {
+        en_cli_error(CMD, "--index goes with --model DIR (in-process); with --url the server "
+                          "needs --index and chat --retrieval turns it on");
+        return 1;
+    }
+    if (retrieval && !url) {
+        en_cli_error(CMD, "--retrieval goes with --url; with --model DIR give --index INDEX.db");
+        return 1;
+    }
+    if (c->top_k && !url && !index) {
+        en_cli_error(CMD, "--retrieval-top-k needs --index INDEX.db (or --retrieval with --url)");
+        return 1;
+    }
+    if (index) {
+        en_index *idx = NULL;
+        en_err err = {0};
+        if (access(index, R_OK) != 0) {
+            en_cli_error(CMD, "--index: %s: %s", index, strerror(errno));
+            return 1;
+        }
+        if (en_index_open(index, 0, &idx, &err)) {
+            en_cli_error(CMD, "--index: %s is not an energon index: %s", index, err.msg);
+            return 1;
+        }
+        en_index_destroy(idx);
+    }
+    if ((index || retrieval) && !c->top_k) c->top_k = 3;
+    if (c->show_sources && !c->top_k) {
+        en_cli_error(CMD, "--show-sources needs --index INDEX.db or --retrieval");
+        return 1;
+    }
+    return 0;
+}
+
 int en_cmd_chat(int argc, char **argv) {
     en_cli_load_opts lo = {0};
     chat_client c = {0};
-    const char *url = NULL, *system = NULL, *tmpl_name = NULL;
-    int bad = 0;
+    const char *url = NULL, *system = NULL, *tmpl_name = NULL, *index = NULL;
+    int bad = 0, retrieval = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -533,6 +626,14 @@ int en_cmd_chat(int argc, char **argv) {
         } else if (en_cli_load_flag(CMD, argc, argv, &i, &lo, &bad)) {
         } else if (en_cli_switch(argv, i, "--one-line")) {
             c.one_line = 1;
+        } else if (en_cli_switch(argv, i, "--show-sources")) {
+            c.show_sources = 1;
+        } else if (en_cli_switch(argv, i, "--retrieval")) {
+            retrieval = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--index", &v, &bad)) {
+            index = v;
+        } else if (en_cli_flag(argc, argv, &i, "--retrieval-top-k", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--retrieval-top-k", v, 1, 100, &c.top_k)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--url", &v, &bad)) {
             url = v;
         } else if (en_cli_flag(argc, argv, &i, "--api-key", &v, &bad)) {
@@ -555,6 +656,7 @@ int en_cmd_chat(int argc, char **argv) {
         }
     }
     if (bad) return EN_EXIT_USAGE;
+    if (retrieval_flags(url, index, retrieval, &c)) return EN_EXIT_USAGE;
     /* --model means a name with --url and a directory without it. */
     if (url && (lo.adapter || lo.n_threads || lo.device || lo.precision || tmpl_name)) {
         en_cli_error(CMD, "--adapter, --threads, --device, --precision and --chat-template need "
@@ -591,7 +693,7 @@ int en_cmd_chat(int argc, char **argv) {
         if (lo.dir && !(c.model = str_dup(lo.dir))) goto done;
     } else {
         lo.need_tokenizer = 1;
-        if ((rc = local_start(&lo, tmpl_name, &ls, &c)) != EN_EXIT_OK) goto done;
+        if ((rc = local_start(&lo, tmpl_name, index, &ls, &c)) != EN_EXIT_OK) goto done;
         rc = EN_EXIT_ERROR;
     }
     if (!(c.curl = curl_easy_init())) {

@@ -15,6 +15,8 @@
 #                refusals; resident memory over load/unload cycles
 #   retrieve     POST /v1/retrieve of a --index server against a float64 BM25
 #                over the index's rows; bad bodies; no --index: 404
+#                (then retrieval_chat, and chat_cli_sources / chat_page_sources:
+#                the sources of grounded answers in energon chat and the page)
 #   concurrency  32 concurrent clients, each answer equal to the same request
 #                sent alone; /metrics shows they ran together
 #   prefix_cache 16 prompts sharing ~300 tokens: cached_tokens are their shared
@@ -308,6 +310,15 @@ case " $SCRIPTS " in *" retrieve "*)
         # the script starts its own --index server, EN_URL is the one without
         if "$ENERGON" index --docs "$ROOT/examples/company" --out "$T/company-small.db" \
             --chunk-tokens 32 --overlap 4 >>"$T/retrieve-setup.log" 2>&1; then
+            # the sources in `energon chat` and on the chat page (issue 15), each
+            # against its own server with that index (side_script stops it);
+            # EN_URL_NOINDEX: the server without --index, stopped by retrieval_chat
+            for src in chat_cli_sources chat_page_sources; do
+                echo "---- $src"
+                side_server "server-$src.log" --model "$T/model" --model-name "$NAME" \
+                    --index "$T/company-small.db"
+                side_script "$src" "" "$src" EN_INDEX="$T/company-small.db" EN_URL_NOINDEX="$NURL"
+            done
             QPID=$NPID QURL=$NURL
             side_script retrieval_chat "" retrieval_chat EN_INDEX="$T/company-small.db" \
                 EN_DOCS="$ROOT/examples/company"
