@@ -6,21 +6,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../common/file.h"
 #include "../rag/index.h"
 #include "cli.h"
 
 #define CMD "index"
-#define MAX_ROOTS 64
+#define MAX_ROOTS 1024 /* --docs values (a shell glob can give many) */
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: energon index --docs DIR... --out INDEX.db [--chunk-tokens N] [--overlap M]\n"
+            "usage: energon index --docs DIR|FILE... --out INDEX.db [--chunk-tokens N]\n"
+            "                     [--overlap M]\n"
             "       energon index --search INDEX.db --query TEXT [--top-k K]\n"
             "\n"
             "Index the .txt, .md, .html and .jsonl ({\"id\",\"title\",\"text\"}) files under\n"
-            "each DIR (recursively) into passages of about N words (default 256; a long\n"
+            "each DIR (recursively), and each FILE, into passages of about N words\n"
+            "(whitespace-separated words, not model tokens; default 256; a long\n"
             "paragraph is cut into windows overlapping by M words, default 32) in a SQLite\n"
             "file with a BM25 full-text table. Re-running updates only the files whose\n"
             "content changed, in one transaction; other settings rebuild the index.\n"
@@ -53,12 +56,17 @@ static int search(const char *db, const char *query, int top_k) {
 
 static int build(const char *const *roots, int n_roots, const char *out,
                  const en_index_config *cfg) {
-    for (int r = 0; r < n_roots; r++)
-        if (!en_path_is_dir(roots[r])) {
+    for (int r = 0; r < n_roots; r++) {
+        struct stat sb;
+        size_t len = strlen(roots[r]);
+        if (stat(roots[r], &sb) != 0 || (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode)) ||
+            (!S_ISDIR(sb.st_mode) && roots[r][len - 1] == '/')) {
             en_cli_error(CMD, "--docs %s: %s", roots[r],
-                         en_path_exists(roots[r]) ? "not a folder" : "no such folder");
+                         en_path_exists(roots[r]) ? "not a file or folder"
+                                                  : "no such file or folder");
             return EN_EXIT_USAGE;
         }
+    }
     double t0 = en_time_now();
     en_err err = {0};
     en_index *idx = NULL;
@@ -93,10 +101,11 @@ int en_cmd_index(int argc, char **argv) {
             usage(stdout);
             return EN_EXIT_OK;
         } else if (en_cli_flag(argc, argv, &i, "--docs", &v, &bad)) {
-            /* --docs A B C: every value up to the next flag */
+            /* --docs A B C (folders or files, e.g. a shell glob): every value up
+             * to the next flag */
             for (;;) {
                 if (n_roots == MAX_ROOTS) {
-                    en_cli_error(CMD, "--docs: at most %d folders", MAX_ROOTS);
+                    en_cli_error(CMD, "--docs: at most %d folders or files", MAX_ROOTS);
                     return EN_EXIT_USAGE;
                 }
                 roots[n_roots++] = v;

@@ -27,6 +27,7 @@
 #include "../rag/index.h"
 #include "../serve/adapters.h"
 #include "../serve/engine.h"
+#include "../serve/retrieval.h"
 #include "../serve/server.h"
 #include "../tokenizer/chat.h"
 #include "cli.h"
@@ -48,6 +49,20 @@ static int index_ok(const char *path) {
     }
     en_index_destroy(idx);
     return 1;
+}
+
+/* --index with vectors (energon index --embed): they must be this model's,
+ * checked once the model is loaded rather than failing every request. */
+static int index_model_ok(const char *path, const char *model_dir, const en_model *m) {
+    en_err err = {0};
+    en_index *idx = NULL;
+    en_retrieval_model id;
+    en_status st = en_index_open(path, 0, &idx, &err);
+    if (st == EN_OK) st = en_retrieval_model_id(model_dir, m, &id, &err);
+    if (st == EN_OK) st = en_retrieval_check_model(idx, &id, &err);
+    en_index_destroy(idx);
+    if (st != EN_OK) en_cli_error(CMD, "--index: %s", err.msg);
+    return st == EN_OK;
 }
 
 static void usage(FILE *f) {
@@ -361,6 +376,10 @@ int en_cmd_serve(int argc, char **argv) {
     rc = en_cli_load(CMD, &lo, &cm);
     if (rc) goto done;
     loaded = 1;
+    if (sc.index_path && !index_model_ok(sc.index_path, lo.dir, cm.model)) {
+        rc = EN_EXIT_USAGE;
+        goto done;
+    }
     rc = load_named(&cm, set, named, n_named);
     if (rc) goto done;
     rc = en_cli_chat_template(CMD, lo.dir, tmpl_name, cm.tok, &tmpl);

@@ -108,6 +108,25 @@ static en_status check_schema(en_index *idx, int create, en_err *err) {
     return EN_OK;
 }
 
+/* A read-only open of an index that a killed update left with a hot
+ * rollback journal fails (SQLITE_READONLY_ROLLBACK): only a writer may roll
+ * the journal back. Do that with a read-write open (the file then holds the
+ * index as it was before the killed update, as any writer would make it);
+ * where the file cannot be written (a read-only file system), say so. */
+static en_status roll_back_hot_journal(const char *path, en_err *err) {
+    sqlite3 *db = NULL;
+    int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_busy_timeout(db, 5000);
+        rc = sqlite3_exec(db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);
+    }
+    sqlite3_close(db);
+    if (rc == SQLITE_OK) return EN_OK;
+    return EN_ERR(err, EN_ERR_IO, "%s: an interrupted update left %s-journal, which only a "
+                  "writable open can roll back (%s); run `energon index` on it where it can "
+                  "be written", path, path, sqlite3_errstr(rc));
+}
+
 en_status en_index_open(const char *path, int create, en_index **out, en_err *err) {
     *out = NULL;
     if (!sqlite3_compileoption_used("ENABLE_FTS5"))
@@ -124,11 +143,19 @@ en_status en_index_open(const char *path, int create, en_index **out, en_err *er
     /* create = 0 is for readers (the server, --search): they never write */
     int flags = create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY;
     en_status s = EN_OK;
-    if (sqlite3_open_v2(path, &idx->db, flags, NULL) != SQLITE_OK)
-        s = db_err(idx, err, "cannot open");
-    else {
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (sqlite3_open_v2(path, &idx->db, flags, NULL) != SQLITE_OK) {
+            s = db_err(idx, err, "cannot open");
+            break;
+        }
         sqlite3_busy_timeout(idx->db, 5000);
         s = check_schema(idx, create, err);
+        if (s == EN_OK || create || attempt ||
+            sqlite3_extended_errcode(idx->db) != SQLITE_READONLY_ROLLBACK)
+            break;
+        sqlite3_close(idx->db);
+        idx->db = NULL;
+        if ((s = roll_back_hot_journal(path, err)) != EN_OK) break;
     }
     if (s != EN_OK) {
         en_index_destroy(idx);
@@ -267,7 +294,9 @@ static en_status update_file(updater *u, const char *root, const char *rel, en_e
         sqlite3_bind_text(u->find, 1, root, -1, SQLITE_STATIC);
         sqlite3_bind_text(u->find, 2, rel, -1, SQLITE_STATIC);
         int rc = sqlite3_step(u->find);
-        if (rc == SQLITE_ROW) {
+        if (rc == SQLITE_ROW && sqlite3_column_int(u->find, 2)) {
+            file_id = -2; /* named twice in this run (a file and its folder): done */
+        } else if (rc == SQLITE_ROW) {
             file_id = sqlite3_column_int64(u->find, 0);
             same = strcmp((const char *)sqlite3_column_text(u->find, 1), hash) == 0;
         } else if (rc != SQLITE_DONE) {
@@ -276,7 +305,9 @@ static en_status update_file(updater *u, const char *root, const char *rel, en_e
         sqlite3_reset(u->find);
     }
     en_doc doc = {0};
-    if (s == EN_OK && same) {
+    if (file_id == -2) {
+        /* already indexed in this run */
+    } else if (s == EN_OK && same) {
         u->stats->unchanged++;
         sqlite3_bind_int64(u->seen, 1, file_id);
         s = step_done(u, u->seen, err);
@@ -354,13 +385,27 @@ static en_status prepare(en_index *idx, const char *sql, sqlite3_stmt **st, en_e
     return EN_OK;
 }
 
+/* A --docs that names a file: stored as root = its folder as written (the
+ * text before the last '/', "." when none), path = its name, the same row
+ * as when that folder is given. */
+static en_status update_named_file(updater *u, const char *path, en_err *err) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return update_file(u, ".", path, err);
+    if (!slash[1]) return EN_ERR(err, EN_ERR_ARG, "--docs %s: not a folder", path);
+    char *dir = slash == path ? en_strdup("/") : en_strndup(path, (size_t)(slash - path));
+    if (!dir) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
+    en_status s = update_file(u, dir, slash + 1, err);
+    en_free(dir);
+    return s;
+}
+
 static en_status update_all(updater *u, const char *const *roots, int n_roots, en_err *err) {
     en_index *idx = u->idx;
     EN_TRY(check_settings(idx, u->cfg, u->stats, err));
     EN_TRY(exec(idx, "CREATE TEMP TABLE IF NOT EXISTS seen(id INTEGER PRIMARY KEY);"
                      "DELETE FROM temp.seen;", err));
-    EN_TRY(prepare(idx, "SELECT id, hash FROM files WHERE root = ?1 AND path = ?2", &u->find,
-                   err));
+    EN_TRY(prepare(idx, "SELECT id, hash, id IN (SELECT id FROM temp.seen) FROM files"
+                        " WHERE root = ?1 AND path = ?2", &u->find, err));
     EN_TRY(prepare(idx, "DELETE FROM passages WHERE file_id = ?1", &u->del_passages, err));
     EN_TRY(prepare(idx, "INSERT INTO files(root, path, kind, hash, size, mtime, n_passages)"
                         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, 0) ON CONFLICT(root, path) DO UPDATE"
@@ -372,6 +417,11 @@ static en_status update_all(updater *u, const char *const *roots, int n_roots, e
     EN_TRY(prepare(idx, "INSERT OR IGNORE INTO temp.seen VALUES(?1)", &u->seen, err));
     for (int r = 0; r < n_roots; r++) {
         file_list fl = {0};
+        struct stat rs;
+        if (stat(roots[r], &rs) == 0 && !S_ISDIR(rs.st_mode)) {
+            EN_TRY(update_named_file(u, roots[r], err));
+            continue;
+        }
         en_status s = walk(roots[r], "", &fl, err);
         for (int i = 0; s == EN_OK && i < fl.n; i++) s = update_file(u, roots[r], fl.rel[i], err);
         for (int i = 0; i < fl.n; i++) en_free(fl.rel[i]);

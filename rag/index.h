@@ -42,8 +42,9 @@ typedef struct en_index_stats {
     int rebuilt;      /* 1 when the chunk settings changed and everything was redone */
 } en_index_stats;
 
-/* Bring the index up to date with the folders roots[0..n_roots) (walked
- * recursively in sorted order). Files under no root are removed. Any error
+/* Bring the index up to date with roots[0..n_roots): folders (walked
+ * recursively in sorted order) and files (stored as their folder's: root =
+ * the path up to the last '/', or "."). Files under no root are removed. Any error
  * (an unreadable or non-UTF-8 file, a bad .jsonl line) rolls everything
  * back. The config is copied. */
 en_status en_index_update(en_index *idx, const char *const *roots, int n_roots,

@@ -877,6 +877,7 @@ void en_engine_destroy(en_engine *e) {
 int en_engine_n_embd(const en_engine *e) { return e->n_embd; }
 int en_engine_n_ctx(const en_engine *e) { return e->cfg.n_ctx; }
 en_model *en_engine_model(const en_engine *e) { return e->m; }
+const en_tokenizer *en_engine_tokenizer(const en_engine *e) { return e->tok; }
 const en_engine_config *en_engine_get_config(const en_engine *e) { return &e->cfg; }
 
 en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen_params *gp,

@@ -68,6 +68,8 @@ int en_engine_n_ctx(const en_engine *e);
 /* The model the engine serves (for loading adapters that fit it). */
 en_model *en_engine_model(const en_engine *e);
 int en_engine_n_embd(const en_engine *e); /* an embedding's length: the model's hidden size */
+/* The tokenizer the engine decodes with (borrowed, as given to en_engine_create). */
+const en_tokenizer *en_engine_tokenizer(const en_engine *e);
 const en_engine_config *en_engine_get_config(const en_engine *e);
 
 #define EN_MAX_TOP_LOGPROBS 20
