@@ -19,10 +19,13 @@
 struct en_index {
     sqlite3 *db;
     char *path;
+    /* en_index_vector_info's strings (owned; replaced on each call) */
+    char *vec_pooling, *vec_name, *vec_hash, *vec_arch;
 };
 
 en_index_config en_index_config_default(void) {
-    en_index_config c = {256, 32, 0};
+    en_index_config c = {.chunk_tokens = 256, .overlap = 32, .embedder = NULL,
+                         .fail_after_files = 0};
     return c;
 }
 
@@ -71,6 +74,11 @@ static char *query_text(en_index *idx, const char *sql, const char *arg) {
         out = en_strdup((const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     return out;
+}
+
+static char *col_dup(sqlite3_stmt *st, int c) {
+    const unsigned char *t = sqlite3_column_text(st, c);
+    return t ? en_strdup((const char *)t) : NULL;
 }
 
 static en_status check_schema(en_index *idx, int create, en_err *err) {
@@ -169,6 +177,10 @@ void en_index_destroy(en_index *idx) {
     if (!idx) return;
     sqlite3_close(idx->db);
     en_free(idx->path);
+    en_free(idx->vec_pooling);
+    en_free(idx->vec_name);
+    en_free(idx->vec_hash);
+    en_free(idx->vec_arch);
     en_free(idx);
 }
 
@@ -385,6 +397,169 @@ static en_status prepare(en_index *idx, const char *sql, sqlite3_stmt **st, en_e
     return EN_OK;
 }
 
+/* ---- vectors (--embed) ---- */
+
+/* The meta keys of the vectors, each with the embedder's value. */
+typedef struct vec_meta {
+    const char *key;
+    char value[256];
+} vec_meta;
+
+static int vec_meta_of(const en_index_embedder *e, vec_meta *m) {
+    int n = 0;
+#define VM(k, ...) (m[n].key = k, snprintf(m[n].value, sizeof m[n].value, __VA_ARGS__), n++)
+    VM("embed_dim", "%d", e->dim);
+    VM("embed_pooling", "%s", e->pooling);
+    VM("embed_model_hash", "%s", e->model_hash);
+    VM("embed_model_arch", "%s", e->model_arch);
+    VM("embed_vocab", "%d", e->vocab);
+    VM("embed_layers", "%d", e->layers);
+    VM("embed_max_tokens", "%d", e->max_tokens);
+    VM("embed_model", "%s", e->model_name); /* informational: not compared */
+#undef VM
+    return n;
+}
+
+static int index_has_vectors(en_index *idx) {
+    char *d = query_text(idx, "SELECT value FROM meta WHERE key = 'embed_dim'", NULL);
+    int has = d != NULL;
+    en_free(d);
+    return has;
+}
+
+/* Without an embedder: an index with vectors would get passages without
+ * them, so it is refused. */
+static en_status vectors_refuse(en_index *idx, en_err *err) {
+    if (!index_has_vectors(idx)) return EN_OK;
+    char *name = query_text(idx, "SELECT value FROM meta WHERE key = 'embed_model'", NULL);
+    en_status s = EN_ERR(err, EN_ERR_ARG, "%s holds vectors of the model %s: update it with "
+                         "--embed --model M (another model re-embeds every passage)",
+                         idx->path, name ? name : "?");
+    en_free(name);
+    return s;
+}
+
+/* With an embedder: the vectors table and the trigger that drops a
+ * passage's vector with the passage (created when missing: an additive
+ * change to schema version 1), and the identity in meta; vectors of
+ * another model, dimension, pooling or truncation are all dropped. */
+static en_status vectors_begin(en_index *idx, const en_index_embedder *e,
+                               en_index_stats *stats, en_err *err) {
+    EN_TRY(exec(idx, "CREATE TABLE IF NOT EXISTS vectors(passage_id INTEGER PRIMARY KEY,"
+                     " v BLOB NOT NULL);"
+                     "CREATE TRIGGER IF NOT EXISTS passages_vec_ad AFTER DELETE ON passages"
+                     " BEGIN DELETE FROM vectors WHERE passage_id = old.id; END;", err));
+    vec_meta m[8];
+    int n = vec_meta_of(e, m), same = 1;
+    for (int i = 0; i < n - 1 && same; i++) { /* embed_model (last) is not compared */
+        char *have = query_text(idx, "SELECT value FROM meta WHERE key = ?1", m[i].key);
+        same = have && strcmp(have, m[i].value) == 0;
+        en_free(have);
+    }
+    if (!same) {
+        char *c = query_text(idx, "SELECT count(*) FROM vectors", NULL);
+        stats->reembedded = c && atoll(c) > 0;
+        en_free(c);
+        EN_TRY(exec(idx, "DELETE FROM vectors", err));
+    }
+    sqlite3_stmt *st = NULL;
+    EN_TRY(prepare(idx, "INSERT OR REPLACE INTO meta VALUES(?1, ?2)", &st, err));
+    en_status s = EN_OK;
+    for (int i = 0; i < n && s == EN_OK; i++) {
+        sqlite3_bind_text(st, 1, m[i].key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, m[i].value, -1, SQLITE_STATIC);
+        if (sqlite3_step(st) != SQLITE_DONE) s = db_err(idx, err, "writing meta");
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    return s;
+}
+
+/* float32 little-endian bytes, whatever the host's order. */
+static void put_f32le(unsigned char *b, const float *v, int n) {
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        for (int k = 0; k < 4; k++) b[4 * i + k] = (unsigned char)(u >> (8 * k));
+    }
+}
+
+static float get_f32le(const unsigned char *b) {
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                 (uint32_t)b[3] << 24;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Embed texts[0..n) and store the vectors of ids[0..n). */
+static en_status vectors_store(en_index *idx, const en_index_embedder *e, sqlite3_stmt *ins,
+                               int64_t *ids, char **texts, int n, float *vec,
+                               unsigned char *blob, en_err *err) {
+    EN_TRY(e->embed(e->ctx, (const char *const *)texts, n, vec, err));
+    for (int i = 0; i < n; i++) {
+        put_f32le(blob, vec + (size_t)i * e->dim, e->dim);
+        sqlite3_bind_int64(ins, 1, ids[i]);
+        sqlite3_bind_blob(ins, 2, blob, 4 * e->dim, SQLITE_STATIC);
+        int rc = sqlite3_step(ins);
+        sqlite3_reset(ins);
+        if (rc != SQLITE_DONE) return db_err(idx, err, "writing a vector");
+    }
+    return EN_OK;
+}
+
+/* Every passage without a vector gets one, `batch` at a time. */
+static en_status vectors_fill(en_index *idx, const en_index_embedder *e,
+                              en_index_stats *stats, en_err *err) {
+    const int batch = e->batch > 0 ? e->batch : 64;
+    char *c = query_text(idx, "SELECT count(*) FROM passages WHERE id NOT IN"
+                              " (SELECT passage_id FROM vectors)", NULL);
+    const int64_t total = c ? atoll(c) : 0;
+    en_free(c);
+    if (total == 0) return EN_OK;
+    int64_t *ids = en_malloc((size_t)batch * sizeof *ids);
+    char **texts = en_calloc((size_t)batch, sizeof *texts);
+    float *vec = en_malloc((size_t)batch * (size_t)e->dim * sizeof *vec);
+    unsigned char *blob = en_malloc((size_t)e->dim * 4);
+    sqlite3_stmt *sel = NULL, *ins = NULL;
+    en_status s = ids && texts && vec && blob ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK)
+        s = prepare(idx, "SELECT id, text FROM passages WHERE id NOT IN"
+                         " (SELECT passage_id FROM vectors) ORDER BY id", &sel, err);
+    if (s == EN_OK) s = prepare(idx, "INSERT INTO vectors VALUES(?1, ?2)", &ins, err);
+    int n = 0, rc = SQLITE_ROW;
+    /* passages are read in id order and not written meanwhile; whether
+     * the SELECT sees the vectors inserted as it goes makes no difference
+     * (their passages are behind it) */
+    while (s == EN_OK && rc == SQLITE_ROW) {
+        rc = sqlite3_step(sel);
+        if (rc == SQLITE_ROW) {
+            ids[n] = sqlite3_column_int64(sel, 0);
+            texts[n] = col_dup(sel, 1);
+            if (!texts[n++]) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        } else if (rc != SQLITE_DONE) {
+            s = db_err(idx, err, "reading passages");
+        }
+        if (s == EN_OK && n && (n == batch || rc == SQLITE_DONE)) {
+            s = vectors_store(idx, e, ins, ids, texts, n, vec, blob, err);
+            stats->embedded += n;
+            if (s == EN_OK && e->progress) e->progress(e->ctx, stats->embedded, total);
+        }
+        if (n == batch || rc != SQLITE_ROW || s != EN_OK) {
+            for (int i = 0; i < n; i++) en_free(texts[i]), texts[i] = NULL;
+            n = 0;
+        }
+    }
+    for (int i = 0; i < n; i++) en_free(texts[i]);
+    sqlite3_finalize(sel);
+    sqlite3_finalize(ins);
+    en_free(ids);
+    en_free(texts);
+    en_free(vec);
+    en_free(blob);
+    return s;
+}
+
 /* A --docs that names a file: stored as root = its folder as written (the
  * text before the last '/', "." when none), path = its name, the same row
  * as when that folder is given. */
@@ -401,6 +576,8 @@ static en_status update_named_file(updater *u, const char *path, en_err *err) {
 
 static en_status update_all(updater *u, const char *const *roots, int n_roots, en_err *err) {
     en_index *idx = u->idx;
+    const en_index_embedder *e = u->cfg->embedder;
+    EN_TRY(e ? vectors_begin(idx, e, u->stats, err) : vectors_refuse(idx, err));
     EN_TRY(check_settings(idx, u->cfg, u->stats, err));
     EN_TRY(exec(idx, "CREATE TEMP TABLE IF NOT EXISTS seen(id INTEGER PRIMARY KEY);"
                      "DELETE FROM temp.seen;", err));
@@ -434,6 +611,7 @@ static en_status update_all(updater *u, const char *const *roots, int n_roots, e
     en_free(gone);
     EN_TRY(exec(idx, "DELETE FROM passages WHERE file_id NOT IN (SELECT id FROM temp.seen);"
                      "DELETE FROM files WHERE id NOT IN (SELECT id FROM temp.seen);", err));
+    if (e) EN_TRY(vectors_fill(idx, e, u->stats, err));
     char *np = query_text(idx, "SELECT count(*) FROM passages", NULL);
     u->stats->passages = np ? atoll(np) : 0;
     en_free(np);
@@ -491,11 +669,6 @@ static char *match_expr(const char *q) {
     return out;
 }
 
-static char *col_dup(sqlite3_stmt *st, int c) {
-    const unsigned char *t = sqlite3_column_text(st, c);
-    return t ? en_strdup((const char *)t) : NULL;
-}
-
 void en_index_hits_free(en_index_hit *hits, int n) {
     if (!hits) return;
     for (int i = 0; i < n; i++) {
@@ -506,6 +679,21 @@ void en_index_hits_free(en_index_hit *hits, int n) {
         en_free(hits[i].record_id);
     }
     en_free(hits);
+}
+
+/* A hit from a row of HIT_COLUMNS; 0 when out of memory. */
+#define HIT_COLUMNS                                                                            \
+    "f.root, f.path, p.section, p.text, p.record_id, p.line_start, p.line_end, p.byte_start,"  \
+    " p.byte_end"
+static int fill_hit(sqlite3_stmt *st, en_index_hit *x) {
+    x->id = sqlite3_column_int64(st, 0);
+    x->score = sqlite3_column_double(st, 1);
+    x->root = col_dup(st, 2), x->file = col_dup(st, 3), x->section = col_dup(st, 4);
+    x->text = col_dup(st, 5), x->record_id = col_dup(st, 6);
+    x->line_start = sqlite3_column_int(st, 7), x->line_end = sqlite3_column_int(st, 8);
+    x->byte_start = sqlite3_column_type(st, 9) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 9);
+    x->byte_end = sqlite3_column_type(st, 10) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 10);
+    return x->root && x->file && x->section && x->text;
 }
 
 en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_hit **hits,
@@ -525,8 +713,7 @@ en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_
     sqlite3_stmt *st = NULL;
     en_status s = h ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (s == EN_OK)
-        s = prepare(idx, "SELECT p.id, -bm25(passages_fts), f.root, f.path, p.section, p.text,"
-                         " p.record_id, p.line_start, p.line_end, p.byte_start, p.byte_end"
+        s = prepare(idx, "SELECT p.id, -bm25(passages_fts), " HIT_COLUMNS
                          " FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid"
                          " JOIN files f ON f.id = p.file_id WHERE passages_fts MATCH ?1"
                          " ORDER BY bm25(passages_fts), p.id LIMIT ?2", &st, err);
@@ -535,17 +722,7 @@ en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_
         sqlite3_bind_text(st, 1, m, -1, SQLITE_STATIC);
         sqlite3_bind_int(st, 2, top_k);
         while (k < top_k && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-            en_index_hit *x = &h[k++];
-            x->id = sqlite3_column_int64(st, 0);
-            x->score = sqlite3_column_double(st, 1);
-            x->root = col_dup(st, 2), x->file = col_dup(st, 3), x->section = col_dup(st, 4);
-            x->text = col_dup(st, 5), x->record_id = col_dup(st, 6);
-            x->line_start = sqlite3_column_int(st, 7), x->line_end = sqlite3_column_int(st, 8);
-            x->byte_start = sqlite3_column_type(st, 9) == SQLITE_NULL
-                                ? -1 : sqlite3_column_int64(st, 9);
-            x->byte_end = sqlite3_column_type(st, 10) == SQLITE_NULL
-                              ? -1 : sqlite3_column_int64(st, 10);
-            if (!x->root || !x->file || !x->section || !x->text) {
+            if (!fill_hit(st, &h[k++])) {
                 s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
                 break;
             }
@@ -556,6 +733,135 @@ en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_
     en_free(m);
     if (s != EN_OK) {
         en_index_hits_free(h, k);
+        return s;
+    }
+    *hits = h, *n = k;
+    return EN_OK;
+}
+
+const char *en_index_path(const en_index *idx) { return idx->path; }
+
+/* ---- vectors: info and dense search ---- */
+
+static char *meta_value(en_index *idx, const char *key) {
+    return query_text(idx, "SELECT value FROM meta WHERE key = ?1", key);
+}
+
+en_status en_index_vector_info(en_index *idx, en_index_vectors *out, en_err *err) {
+    memset(out, 0, sizeof *out);
+    char *dim = meta_value(idx, "embed_dim");
+    if (!dim) return EN_OK;
+    out->dim = atoi(dim);
+    en_free(dim);
+    char *v[3] = {meta_value(idx, "embed_vocab"), meta_value(idx, "embed_layers"),
+                  meta_value(idx, "embed_max_tokens")};
+    out->vocab = v[0] ? atoi(v[0]) : 0;
+    out->layers = v[1] ? atoi(v[1]) : 0;
+    out->max_tokens = v[2] ? atoi(v[2]) : 0;
+    for (int i = 0; i < 3; i++) en_free(v[i]);
+    en_free(idx->vec_pooling), idx->vec_pooling = meta_value(idx, "embed_pooling");
+    en_free(idx->vec_name), idx->vec_name = meta_value(idx, "embed_model");
+    en_free(idx->vec_hash), idx->vec_hash = meta_value(idx, "embed_model_hash");
+    en_free(idx->vec_arch), idx->vec_arch = meta_value(idx, "embed_model_arch");
+    if (out->dim < 1 || !idx->vec_pooling || !idx->vec_name || !idx->vec_hash ||
+        !idx->vec_arch)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: the vectors' meta entries (embed_*) are "
+                      "incomplete", idx->path);
+    char *c = query_text(idx, "SELECT count(*) FROM vectors", NULL);
+    if (!c) return db_err(idx, err, "no vectors table though meta has embed_dim");
+    out->count = atoll(c);
+    en_free(c);
+    out->has = 1;
+    out->pooling = idx->vec_pooling, out->model_name = idx->vec_name;
+    out->model_hash = idx->vec_hash, out->model_arch = idx->vec_arch;
+    return EN_OK;
+}
+
+typedef struct scored {
+    int64_t id;
+    double score;
+} scored;
+
+/* Insert (id, score) into the best-first list top[0..*n) of at most k:
+ * higher score first, then lower id. */
+static void top_insert(scored *top, int *n, int k, int64_t id, double score) {
+    int i = *n;
+    if (i == k) {
+        const scored *w = &top[k - 1];
+        if (score < w->score || (score == w->score && id > w->id)) return;
+        i = k - 1;
+    } else {
+        (*n)++;
+    }
+    while (i > 0 &&
+           (top[i - 1].score < score || (top[i - 1].score == score && top[i - 1].id > id))) {
+        top[i] = top[i - 1];
+        i--;
+    }
+    top[i].id = id, top[i].score = score;
+}
+
+/* The best-first (id, score) pairs of every stored vector against q. */
+static en_status dense_rank(en_index *idx, const float *q, int dim, scored *top, int k, int *n,
+                            en_err *err) {
+    sqlite3_stmt *st = NULL;
+    EN_TRY(prepare(idx, "SELECT passage_id, v FROM vectors", &st, err));
+    en_status s = EN_OK;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const unsigned char *b = sqlite3_column_blob(st, 1);
+        if (sqlite3_column_bytes(st, 1) != 4 * dim || !b) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: the vector of passage %lld has %d bytes, not "
+                       "%d", idx->path, (long long)sqlite3_column_int64(st, 0),
+                       sqlite3_column_bytes(st, 1), 4 * dim);
+            break;
+        }
+        double dot = 0;
+        for (int i = 0; i < dim; i++) dot += (double)q[i] * (double)get_f32le(b + 4 * i);
+        top_insert(top, n, k, sqlite3_column_int64(st, 0), dot);
+    }
+    if (s == EN_OK && rc != SQLITE_DONE) s = db_err(idx, err, "reading vectors");
+    sqlite3_finalize(st);
+    return s;
+}
+
+en_status en_index_search_dense(en_index *idx, const float *q, int dim, int top_k,
+                                en_index_hit **hits, int *n, en_err *err) {
+    *hits = NULL, *n = 0;
+    if (top_k < 1 || top_k > 1000)
+        return EN_ERR(err, EN_ERR_ARG, "top_k %d: must be 1..1000", top_k);
+    en_index_vectors info;
+    EN_TRY(en_index_vector_info(idx, &info, err));
+    if (!info.has)
+        return EN_ERR(err, EN_ERR_ARG, "%s holds no vectors (build it with energon index "
+                      "--embed)", idx->path);
+    if (dim != info.dim)
+        return EN_ERR(err, EN_ERR_ARG, "%s: a query vector of %d floats; the index's have %d",
+                      idx->path, dim, info.dim);
+    scored *top = en_malloc((size_t)top_k * sizeof *top);
+    en_index_hit *h = en_calloc((size_t)top_k, sizeof *h);
+    sqlite3_stmt *st = NULL;
+    int k = 0, filled = 0;
+    en_status s = top && h ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    if (s == EN_OK) s = dense_rank(idx, q, dim, top, top_k, &k, err);
+    if (s == EN_OK)
+        s = prepare(idx, "SELECT p.id, 0.0, " HIT_COLUMNS " FROM passages p"
+                         " JOIN files f ON f.id = p.file_id WHERE p.id = ?1", &st, err);
+    for (int i = 0; s == EN_OK && i < k; i++) {
+        sqlite3_bind_int64(st, 1, top[i].id);
+        if (sqlite3_step(st) != SQLITE_ROW) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: a vector for passage %lld, which is not in "
+                       "the index", idx->path, (long long)top[i].id);
+        } else if (!fill_hit(st, &h[filled++])) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+        }
+        h[i].score = top[i].score;
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    en_free(top);
+    if (s != EN_OK) {
+        en_index_hits_free(h, filled);
         return s;
     }
     *hits = h, *n = k;

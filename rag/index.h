@@ -18,9 +18,38 @@ typedef struct en_index en_index;
 
 #define EN_INDEX_SCHEMA_VERSION 1
 
+/* Dense vectors for passages (`energon index --embed`): the caller's
+ * embedding function and what identifies the model that computes it,
+ * stored in meta so that a search with another model is caught
+ * (docs/retrieval.md, "Hybrid"). */
+typedef struct en_index_embedder {
+    /* Write n L2-normalised vectors of dim floats for texts[0..n) into
+     * out (n * dim). Called inside the update's transaction with at most
+     * `batch` texts at a time; an error rolls the update back. */
+    en_status (*embed)(void *ctx, const char *const *texts, int n, float *out, en_err *err);
+    /* NULL, or told after each call: passages embedded so far of total */
+    void (*progress)(void *ctx, int64_t done, int64_t total);
+    void *ctx;
+    int dim;             /* the model's hidden size */
+    int batch;           /* texts per call (default 64 when 0) */
+    const char *pooling; /* "mean" or "last" */
+    /* Identity: the model's name (a file or folder name), a hash of its
+     * files ("crc32:..."), its architecture ("llama V=.. C=.. L=.." ...)
+     * and the token limit passages were truncated to. A different hash
+     * or architecture (or pooling) re-embeds every passage. */
+    const char *model_name, *model_hash, *model_arch;
+    int vocab, layers, max_tokens;
+} en_index_embedder;
+
 typedef struct en_index_config {
     int chunk_tokens; /* words a passage (default 256) */
     int overlap;      /* words shared by consecutive windows of a long paragraph (32) */
+    /* Borrowed; NULL: no vectors. With one, every passage without a vector
+     * (new, changed, or all of them when the model differs) is embedded in
+     * the same transaction. Without one, an index that holds vectors is
+     * not updated (EN_ERR_ARG naming its model): its vectors would go
+     * stale. */
+    const en_index_embedder *embedder;
     /* test only: abort() after this many files were written inside the
      * update's transaction (0 = never) */
     int fail_after_files;
@@ -40,6 +69,8 @@ typedef struct en_index_stats {
     int skipped;      /* files of other extensions, and .jsonl data files */
     int64_t passages; /* in the index after the update */
     int rebuilt;      /* 1 when the chunk settings changed and everything was redone */
+    int64_t embedded; /* passages embedded in this update (with an embedder) */
+    int reembedded;   /* 1 when the stored vectors were another model's: all redone */
 } en_index_stats;
 
 /* Bring the index up to date with roots[0..n_roots): folders (walked
@@ -66,5 +97,28 @@ typedef struct en_index_hit {
 en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_hit **hits,
                           int *n, en_err *err);
 void en_index_hits_free(en_index_hit *hits, int n);
+
+/* The path the index was opened with (borrowed). */
+const char *en_index_path(const en_index *idx);
+
+/* What the index says about its vectors (strings owned by the index,
+ * valid until it is destroyed). has = 0 (and the rest zero / NULL) for an
+ * index without vectors. */
+typedef struct en_index_vectors {
+    int has;
+    int64_t count; /* passages with a vector */
+    int dim;
+    const char *pooling, *model_name, *model_hash, *model_arch;
+    int vocab, layers, max_tokens;
+} en_index_vectors;
+en_status en_index_vector_info(en_index *idx, en_index_vectors *out, en_err *err);
+
+/* The top_k (1..1000) passages by dot product of their stored vector with
+ * q (dim floats, the index's dimension, else EN_ERR_ARG; stored vectors
+ * are unit length, so this is cosine similarity for a unit q), computed
+ * in double over every vector (brute force), ties broken by passage id.
+ * score = the dot product. Passages without a vector are not ranked. */
+en_status en_index_search_dense(en_index *idx, const float *q, int dim, int top_k,
+                                en_index_hit **hits, int *n, en_err *err);
 
 #endif
