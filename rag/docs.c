@@ -95,6 +95,51 @@ static int text_paras(en_doc *d, const char *base, size_t from, size_t to, int s
     return 1;
 }
 
+/* ---- plain text titles ---- */
+
+/* A .txt paragraph that reads as a title: one line, 1..EN_DOC_TITLE_WORDS
+ * words, starting with a letter, digit or non-ASCII byte (not a list marker
+ * or a rule of dashes) and not ending in sentence or clause punctuation
+ * (. ! ? : ; ,). */
+#define EN_DOC_TITLE_WORDS 12
+static int txt_title_like(const en_doc_para *p) {
+    if (p->len == 0 || memchr(p->text, '\n', p->len)) return 0;
+    unsigned char c0 = (unsigned char)p->text[0], cz = (unsigned char)p->text[p->len - 1];
+    if (!(isalnum(c0) || c0 >= 0x80) || strchr(".!?:;,", cz)) return 0;
+    int words = 0, in = 0;
+    for (size_t i = 0; i < p->len; i++) {
+        int sp = is_space((unsigned char)p->text[i]);
+        words += !sp && !in;
+        in = !sp;
+    }
+    return words <= EN_DOC_TITLE_WORDS;
+}
+
+/* .txt: paragraphs end at blank lines; a title-like paragraph followed by
+ * one that is not title-like starts a section and is not itself a
+ * paragraph (like a markdown heading). A run of title-like paragraphs
+ * (a list of short lines) stays text, and so does a title-like last
+ * paragraph. */
+static int read_txt(en_doc *d, const char *src, size_t len) {
+    int sec = add_section(d, "", 0, NULL);
+    if (sec < 0 || !text_paras(d, src, 0, len, sec, 0)) return 0;
+    int n = d->n_paras, k = 0, like_next = n > 0 && txt_title_like(&d->paras[0]);
+    for (int i = 0; i < n; i++) {
+        en_doc_para p = d->paras[i];
+        int like = like_next;
+        like_next = i + 1 < n && txt_title_like(&d->paras[i + 1]);
+        if (like && i + 1 < n && !like_next) {
+            sec = add_section(d, p.text, p.len, NULL);
+            if (sec < 0) return 0;
+            continue;
+        }
+        p.section = sec;
+        d->paras[k++] = p;
+    }
+    d->n_paras = k;
+    return 1;
+}
+
 /* ---- markdown: ATX headings, fenced code ---- */
 
 /* A fenced code block src[from..to) as one paragraph (blank lines inside it
@@ -477,11 +522,7 @@ en_status en_doc_read(const char *name, en_doc_kind kind, const unsigned char *s
     const char *s = (const char *)src;
     int ok = 1;
     switch (kind) {
-    case EN_DOC_TXT: {
-        int sec = add_section(doc, "", 0, NULL);
-        ok = sec >= 0 && text_paras(doc, s, 0, len, sec, 0);
-        break;
-    }
+    case EN_DOC_TXT: ok = read_txt(doc, s, len); break;
     case EN_DOC_MD: ok = read_md(doc, s, len); break;
     case EN_DOC_HTML: ok = read_html(doc, s, len); break;
     case EN_DOC_JSONL: {

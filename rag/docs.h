@@ -2,11 +2,13 @@
  * docs.h - reading document files into sections and paragraphs, and
  * splitting those into passages (rag/docs.c reads, rag/chunk.c splits).
  *
- * Kinds: .txt (paragraphs end at blank lines), .md (ATX '#' headings start
- * sections, fenced code kept as text), .html/.htm (tags removed, <script>
- * and <style> dropped, a few entities decoded, <h1>-<h6> start sections,
- * block tags end paragraphs), .jsonl (one {"id","title","text"} record a
- * line, each record its own section). The whole file must be UTF-8; a file
+ * Kinds: .txt (paragraphs end at blank lines; a title line - a one-line
+ * paragraph of at most 12 words without final . ! ? : ; , followed by a
+ * paragraph that is not such a line - starts a section and is not text),
+ * .md (ATX '#' headings start sections, fenced code kept as text),
+ * .html/.htm (tags removed, <script> and <style> dropped, a few entities
+ * decoded, <h1>-<h6> start sections, block tags end paragraphs), .jsonl
+ * (one {"id","title","text"} record a line, each record its own section). The whole file must be UTF-8; a file
  * with a NUL byte is binary and not read.
  * Used by rag/index.c and the fuzz target tests/fuzz/fuzz_docs.c.
  */

@@ -3,8 +3,8 @@
 # first piece) against independent Python: byte and line ranges of txt / md
 # passages, chunk sizes and overlaps, the HTML text against an html.parser
 # extraction, the BM25 ranking against a float64 BM25 with FTS5's formula,
-# incremental updates, a crash in the middle of an update (EN_INDEX_FAIL_AFTER)
-# and bad input. Needs .venv-test/bin/python (scripts/install-deps).
+# incremental updates, a crash in the middle of an update (EN_INDEX_FAIL_AFTER,
+# and a SIGKILL), .txt title lines, --docs FILE, and bad input. Needs .venv-test/bin/python (scripts/install-deps).
 set -u
 ENERGON=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -68,8 +68,12 @@ with open(os.path.join(D, "blob.txt"), "wb") as f:  # a NUL byte: binary, skippe
 DB = os.path.join(T, "index.db")
 rc, out = run("--docs", D, "--out", DB, "--chunk-tokens", str(N), "--overlap", str(M))
 print(out.strip())
-check(rc == 0 and "files 8 added" in out and "6 skipped" in out, "first run: 8 files "
-      "indexed; 3 .jsonl data files, base_model.json, image.bin and binary blob.txt skipped")
+# skipped: examples/company's .jsonl data files (no "text"), base_model.json,
+# image.bin and the binary blob.txt
+n_data = sum(1 for x in os.listdir(D) if x.endswith(".jsonl") and x != "kb.jsonl")
+check(rc == 0 and "files 8 added" in out and "%d skipped" % (n_data + 3) in out,
+      "first run: 8 files indexed; %d .jsonl data files, base_model.json, image.bin and "
+      "binary blob.txt skipped" % n_data)
 if rc != 0:
     sys.exit(1)
 
@@ -251,6 +255,162 @@ rc, out = run("--search", os.path.join(T, "junk.db"), "--query", "x")
 check(rc == 1 and "junk.db" in out, "corrupt index: " + out.strip())
 rc, out = run("--docs", D, "--out", DB, "--overlap", "300")
 check(rc == 2 and "--overlap" in out, "--overlap >= --chunk-tokens: " + out.strip())
+
+# (g) .txt title lines against a Python reading of the rule: a one-line
+# paragraph of 1..12 words, starting with a letter, digit or non-ASCII
+# character, not ending in . ! ? : ; , and followed by a paragraph that is not
+# such a line, titles the paragraphs after it and is not passage text
+def txt_paras(raw):
+    out, pos = [], 0  # (start, end) byte spans, blank-line separated, trimmed
+    for m in re.finditer(rb"(?:[^\n]*[^\s\n][^\n]*(?:\n|$))+", raw):
+        a, b = m.start(), m.end()
+        while raw[a:a + 1].isspace(): a += 1
+        while raw[b - 1:b].isspace(): b -= 1
+        out.append((a, b))
+    return out
+def title_like(t):
+    return ("\n" not in t and 1 <= len(t.split()) <= 12 and (t[0].isalnum() and t[0].isascii()
+            or not t[0].isascii()) and t[-1] not in ".!?:;,")
+def txt_sections(raw):
+    ps = txt_paras(raw)
+    like = [title_like(raw[a:b].decode()) for a, b in ps]
+    secs = [["", []]]
+    for i, (a, b) in enumerate(ps):
+        if like[i] and i + 1 < len(ps) and not like[i + 1]:
+            secs.append([raw[a:b].decode(), []])
+        else:
+            secs[-1][1].append((a, b))
+    return [(t, sp) for t, sp in secs if sp]
+TD = os.path.join(T, "titles")
+os.makedirs(TD)
+with open(os.path.join(TD, "tricky.txt"), "w") as f:
+    f.write("Opening words without a title.\n\n"
+            "Part One\n\nChapter A\n\nFirst real paragraph, long enough.\nSecond line.\n\n"
+            "Two lines\nare not a title\n\nText.\n\n"
+            "A question title?\n\nText after a question.\n\n"
+            "- a list item\n\nAfter the item.\n\n"
+            "one two three four five six seven eight nine ten eleven twelve thirteen\n\n"
+            "After the long line.\n\n"
+            "  Indented Title  \r\n\r\nText after CRLF.\r\n\r\n"
+            "Café Rules\n\nNo drinks.\n\n"
+            "Alice Smith\n\nBob Jones\n\nCarol Day\n\n"
+            "Trailing title\n")
+names = sorted(os.path.join(root, "examples/company", x) for x in
+               os.listdir(os.path.join(root, "examples/company")) if x.endswith(".txt"))
+names.append(os.path.join(TD, "tricky.txt"))
+DBT = os.path.join(T, "titles.db")
+rc, out = run("--docs", *names, "--out", DBT, "--chunk-tokens", "100000", "--overlap", "0")
+c = sqlite3.connect(DBT)
+got = c.execute("SELECT f.root, f.path, p.section, p.text, p.byte_start, p.byte_end FROM"
+                " passages p JOIN files f ON f.id = p.file_id ORDER BY p.id").fetchall()
+c.close()
+want = []
+for name in names:
+    raw = open(name, "rb").read()
+    for t, sp in txt_sections(raw):
+        a, b = sp[0][0], sp[-1][1]
+        want.append((os.path.dirname(name), os.path.basename(name), t, raw[a:b].decode(), a, b))
+check(rc == 0 and got == want, "txt title lines: sections, texts and byte ranges of %d passages "
+      "(examples/company/*.txt, tricky.txt) equal the Python reading" % len(want))
+if got != want:
+    for g, w in zip(got, want):
+        if g != w: print("    got ", g[:3], g[4:], "\n    want", w[:3], w[4:]); break
+tr = [g[2] for g in got if g[1] == "tricky.txt"]
+check(tr == ["", "Chapter A", "Indented Title", "Café Rules"], "tricky.txt: titles only where "
+      "the rule says (not before a title, not with ?, a list marker, 13 words or at the end): %s"
+      % tr)
+
+# (h) --docs names files as well as folders (a shell glob): stored as the
+# folder's rows, so switching between the two forms re-reads nothing
+E = os.path.join(T, "files")
+shutil.copytree(os.path.join(root, "examples/company"), E)
+DBF = os.path.join(T, "files.db")
+txts = sorted(os.path.join(E, x) for x in os.listdir(E) if x.endswith(".txt"))
+rc, out = run("--docs", *txts, "--out", DBF)
+check(rc == 0 and "files 3 added, 0 changed, 0 unchanged, 0 removed, 0 skipped" in out,
+      "--docs FILE FILE FILE: the 3 files only: " + out.strip())
+P_files = rows(DBF)
+rc, out = run("--docs", E, "--out", DBF)
+check(rc == 0 and "1 added, 0 changed, 3 unchanged" in out and
+      [r for r in rows(DBF) if r[1].endswith(".txt")] == P_files,
+      "then --docs FOLDER: the txt files unchanged (same rows), README.md added")
+rc, out = run("--docs", txts[0], txts[1], txts[0], "--out", DBF)
+check(rc == 0 and "0 added, 0 changed, 2 unchanged, 2 removed" in out and
+      sorted({r[1] for r in rows(DBF)}) == sorted(os.path.basename(x) for x in txts[:2]),
+      "then two files (one named twice): the others removed: " + out.strip())
+rc, out = run("--docs", E, txts[0], "--out", DBF)
+check(rc == 0 and "2 added, 0 changed, 2 unchanged, 0 removed" in out,
+      "a folder and a file in it: the file counted once: " + out.strip())
+rc, out = run("--docs", os.path.join(E, "nosuch.txt"), "--out", DBF)
+check(rc == 2 and "nosuch.txt" in out and "no such file or folder" in out,
+      "a missing --docs file: " + out.strip())
+
+# (i) SIGKILL in the middle of a real update: 300 changed files, killed once
+# the rollback journal exists (the transaction has written); the journal is
+# hot, a read-only open (--search) rolls it back and ranks as before, the
+# file is intact with the rows of before, and a re-run applies the update
+import random, signal, time
+K = os.path.join(T, "kill")
+os.makedirs(K)
+rng = random.Random(7)
+vocab = ["tern", "wren", "heron", "bramble", "badge", "leave", "laptop", "cart", "dock", "site"]
+for i in range(300):
+    with open(os.path.join(K, "f%03d.txt" % i), "w") as f:
+        for _ in range(20):
+            f.write(" ".join("%s%d" % (rng.choice(vocab), rng.randrange(3000))
+                             for _ in range(80)) + ".\n\n")
+DBK = os.path.join(T, "kill.db")
+rc, out = run("--docs", K, "--out", DBK)
+before_rows = rows(DBK)
+q = ["--search", DBK, "--query", "tern12 wren7 badge99", "--top-k", "5"]
+before_search = run(*q)
+for i in range(300):
+    with open(os.path.join(K, "f%03d.txt" % i), "a") as f:
+        f.write("Changed for the kill test.\n")
+before_bytes = open(DBK, "rb").read()
+p = subprocess.Popen([energon, "index", "--docs", K, "--out", DBK],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+t0 = time.time()
+while not os.path.exists(DBK + "-journal") and p.poll() is None and time.time() - t0 < 30:
+    time.sleep(0.001)
+time.sleep(0.2)
+p.send_signal(signal.SIGKILL)
+rc = p.wait()
+hot = os.path.exists(DBK + "-journal") and os.path.getsize(DBK + "-journal") > 0
+changed = open(DBK, "rb").read() != before_bytes
+check(rc == -signal.SIGKILL and hot, "SIGKILL mid-update: killed (rc %d), a hot journal left "
+      "(%s), the index file %s" % (rc, hot, "already written" if changed else "not yet written"))
+after_search = run(*q)
+check(after_search == before_search and before_search[0] == 0 and
+      not os.path.exists(DBK + "-journal"), "after the kill a read-only --search rolls the "
+      "journal back and ranks as before")
+c = sqlite3.connect(DBK)
+integ = c.execute("PRAGMA integrity_check").fetchone()[0]
+c.execute("INSERT INTO passages_fts(passages_fts, rank) VALUES('integrity-check', 1)")
+c.close()
+check(integ == "ok" and rows(DBK) == before_rows, "after the kill: integrity ok, FTS5 "
+      "integrity-check ok, rows as before")
+rc, out = run("--docs", K, "--out", DBK)
+check(rc == 0 and "300 changed" in out and
+      sum("Changed for the kill test." in r[4] for r in rows(DBK)) == 300,
+      "a re-run applies the update: " + out.strip())
+
+# (j) more bad input: an empty folder, an unreadable folder
+EMPTY = os.path.join(T, "empty")
+os.makedirs(EMPTY)
+rc, out = run("--docs", EMPTY, "--out", os.path.join(T, "e.db"))
+check(rc == 0 and "files 0 added" in out and "0 passages" in out,
+      "an empty folder: an empty index, exit 0: " + out.strip())
+if os.geteuid() == 0:
+    print("  skip an unreadable folder: running as root, which reads any folder")
+else:
+    UNR = os.path.join(T, "unreadable")
+    os.makedirs(UNR)
+    os.chmod(UNR, 0)
+    rc, out = run("--docs", UNR, "--out", os.path.join(T, "u.db"))
+    os.chmod(UNR, 0o755)
+    check(rc == 1 and "unreadable" in out and "cannot read" in out,
+          "an unreadable folder: exit 1, named: " + out.strip())
 
 print("test_index: %d failure(s)" % len(fails))
 sys.exit(1 if fails else 0)
