@@ -4,7 +4,9 @@
 # passages, chunk sizes and overlaps, the HTML text against an html.parser
 # extraction, the BM25 ranking against a float64 BM25 with FTS5's formula,
 # incremental updates, a crash in the middle of an update (EN_INDEX_FAIL_AFTER,
-# and a SIGKILL), .txt title lines, --docs FILE, and bad input. Needs .venv-test/bin/python (scripts/install-deps).
+# and a SIGKILL), .txt title lines, --docs FILE, and bad input (an empty and an
+# unreadable folder, binary and non-UTF-8 files, a bad .jsonl line). Needs
+# .venv-test/bin/python (scripts/install-deps).
 set -u
 ENERGON=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -401,16 +403,30 @@ os.makedirs(EMPTY)
 rc, out = run("--docs", EMPTY, "--out", os.path.join(T, "e.db"))
 check(rc == 0 and "files 0 added" in out and "0 passages" in out,
       "an empty folder: an empty index, exit 0: " + out.strip())
+# root reads any folder: as root, run that one as nobody (setpriv), if it can
+as_user = []
 if os.geteuid() == 0:
-    print("  skip an unreadable folder: running as root, which reads any folder")
+    as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if not shutil.which("setpriv"):
+        as_user = None
+if as_user is None:
+    print("  skip an unreadable folder: running as root without setpriv to drop it")
 else:
-    UNR = os.path.join(T, "unreadable")
-    os.makedirs(UNR)
-    os.chmod(UNR, 0)
-    rc, out = run("--docs", UNR, "--out", os.path.join(T, "u.db"))
-    os.chmod(UNR, 0o755)
-    check(rc == 1 and "unreadable" in out and "cannot read" in out,
-          "an unreadable folder: exit 1, named: " + out.strip())
+    UW = os.path.join(T, "u")
+    os.makedirs(os.path.join(UW, "unreadable"))
+    os.chmod(T, 0o711)
+    os.chmod(UW, 0o777)
+    os.chmod(os.path.join(UW, "unreadable"), 0)
+    p = subprocess.run(as_user + [energon, "index", "--docs", os.path.join(UW, "unreadable"),
+                       "--out", os.path.join(UW, "u.db")], capture_output=True, text=True)
+    os.chmod(os.path.join(UW, "unreadable"), 0o755)
+    out = p.stdout + p.stderr
+    if p.returncode in (126, 127):  # nobody cannot run the binary (a private build folder)
+        print("  skip an unreadable folder: nobody cannot run %s: %s" % (energon, out.strip()))
+    else:
+        check(p.returncode == 1 and "unreadable" in out and "cannot read" in out,
+              "an unreadable folder%s: exit 1, named: %s" % (" (as nobody)" if as_user else "",
+                                                             out.strip()))
 
 print("test_index: %d failure(s)" % len(fails))
 sys.exit(1 if fails else 0)
