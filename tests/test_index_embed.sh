@@ -4,8 +4,9 @@
 # Python (float64): every stored vector has the model's dimension and unit
 # norm, three equal what `energon serve`'s POST /v1/embeddings returns for
 # the same text (1e-5); the hybrid ranking of `index --search --model`
-# equals a reciprocal-rank fusion (k = 60) of tests/serve/bm25_ref.py's
-# BM25 and a float64 cosine ranking of the stored vectors; an update of one
+# and of the server's POST /v1/retrieve equal a reciprocal-rank fusion
+# (k = 60) of tests/serve/bm25_ref.py's BM25 and a float64 cosine ranking of
+# the stored vectors; an update of one
 # file re-embeds only its passages; another model, or an update without
 # --embed, is a clear error (search, and serve at start-up). Model:
 # stories260K's GGUF (shared/models); skipped when it is absent.
@@ -105,9 +106,6 @@ if port:
     for p, r in zip(pick, ref):
         d = max(abs(a - b) for a, b in zip(V[p[0]], r))
         check(d <= 1e-5, "passage %d's vector = /v1/embeddings (max diff %.2e)" % (p[0], d))
-srv.terminate()
-srv.wait(timeout=30)
-
 if port:
     # the hybrid ranking against RRF of float64 BM25 and cosine rankings
     K, DEPTH = 5, 50
@@ -129,9 +127,20 @@ if port:
     check([g[0] for g in got] == [w[0] for w in want],
           "hybrid top %d = Python RRF: %s vs %s" % (K, [g[0] for g in got], [w[0] for w in want]))
     check(all(abs(g[1] - w[1]) < 1e-6 for g, w in zip(got, want)), "fused scores within 1e-6")
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/retrieve" % port,
+                                 json.dumps({"query": Q, "top_k": K}).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        data = json.load(r)["data"]
+    check([d["id"] for d in data] == [w[0] for w in want] and
+          all(abs(d["score"] - w[1]) < 1e-6 for d, w in zip(data, want)),
+          "the server's /v1/retrieve is the same hybrid ranking")
     rc, out = run("--search", DB, "--query", Q, "--top-k", str(K))
     got = [int(i) for i in re.findall(r"\(passage (\d+)\)$", out, re.M)]
     check(rc == 0 and "BM25 only" in out and got == bm[:K], "index --search without --model: BM25")
+
+srv.terminate()
+srv.wait(timeout=30)
 
 # an update of one file re-embeds its passages only
 before = V
