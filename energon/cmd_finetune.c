@@ -51,6 +51,12 @@ static void usage(FILE *f) {
         "  --skip-bad-records     skip and count malformed records instead of stopping\n"
         "  --dump-data N          print the first N training windows (ids, train flags, the\n"
         "                         text with trained tokens inside ⟦ ⟧) to stdout and stop\n"
+        "  --index INDEX.db       ground each {prompt,completion} record as the server grounds\n"
+        "                         a request with \"retrieval\": the prompt's BM25 top K passages\n"
+        "                         of INDEX.db (`energon index`) go into the conversation and\n"
+        "                         the completion gets \" [n]\", n the passage holding at least\n"
+        "                         half its words (none: no marker). See docs/retrieval.md\n"
+        "  --retrieval-top-k K    passages per record with --index (default 3)\n"
         "optimisation:\n"
         "  --steps N | --epochs E length of the run (default 1 epoch)\n"
         "  --batch B              sequences per micro-batch (default 4)\n"
@@ -229,6 +235,8 @@ int en_cmd_finetune(int argc, char **argv) {
             } else if (!bad) {
                 c.val_data[c.n_val_data++] = v;
             }
+        } else if (en_cli_flag(argc, argv, &i, "--index", &v, &bad)) {
+            c.index_path = v;
         } else if (en_cli_flag(argc, argv, &i, "--out", &v, &bad)) {
             c.run_dir = v;
         } else if (en_cli_flag(argc, argv, &i, "--resume", &v, &bad)) {
@@ -302,6 +310,7 @@ int en_cmd_finetune(int argc, char **argv) {
         INT_FLAG("--keep", 1, 1000, c.keep)
         INT_FLAG("--log-every", 1, 1 << 30, c.log_every)
         INT_FLAG("--dump-data", 1, 1 << 30, c.dump_data)
+        INT_FLAG("--retrieval-top-k", 1, 1000, c.retrieval_top_k)
         INT_FLAG("--threads", 1, 1024, c.n_threads)
         INT_FLAG("--tp", 1, 4096, tp)
         INT_FLAG("--zero", 0, 1, zero)
@@ -323,7 +332,7 @@ int en_cmd_finetune(int argc, char **argv) {
     void *keep = NULL;
     int rc;
     if (resume) {
-        if (c.model_dir || c.n_data || c.chat_template) {
+        if (c.model_dir || c.n_data || c.chat_template || c.index_path) {
             en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
                               "only --steps, --threads, --device, --precision, --tp, --zero, "
                               "--sequence-parallel, --dump-data, --serve-url, --serve-name and "
@@ -345,6 +354,10 @@ int en_cmd_finetune(int argc, char **argv) {
         if (!c.model_dir || c.n_data == 0 || (!c.run_dir && !c.dump_data)) {
             en_cli_error(CMD, "--model DIR, --data FILE and --out RUN_DIR are required (see "
                               "energon finetune --help)");
+            return EN_EXIT_USAGE;
+        }
+        if (c.retrieval_top_k != 3 && !c.index_path) {
+            en_cli_error(CMD, "--retrieval-top-k goes with --index INDEX.db");
             return EN_EXIT_USAGE;
         }
         if (c.steps && have_epochs) {

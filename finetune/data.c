@@ -205,10 +205,11 @@ static en_status add_text(loader *L, const char *path, int64_t line, const char 
 /* A prompt/completion or chat record: render `messages` with the
  * template, assistant turns as train segments, and tokenize. Template errors
  * are the record's fault (bad() decides whether to skip it). */
-static en_status add_chat(loader *L, const char *path, int64_t line, const json_t *messages) {
+static en_status add_chat(loader *L, const char *path, int64_t line, const json_t *messages,
+                          const json_t *extra) {
     en_chat_render *r = NULL;
     en_err cerr = {0};
-    if (en_chat_template_render(L->tmpl, messages, NULL, 0, 1, &r, &cerr) != EN_OK) {
+    if (en_chat_template_render(L->tmpl, messages, extra, 0, 1, &r, &cerr) != EN_OK) {
         if (cerr.status == EN_ERR_NOMEM)
             return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
         return bad(L, path, line, "%s", cerr.msg);
@@ -228,6 +229,33 @@ static en_status add_chat(loader *L, const char *path, int64_t line, const json_
     st = add_record(L, ids, train, (int64_t)n, 1);
     en_free(ids);
     en_free(train);
+    return st;
+}
+
+/* A prompt/completion pair as [user, assistant] messages, through the
+ * config's rewrite hook when it has one. */
+static en_status add_prompt_completion(loader *L, const char *path, int64_t line,
+                                       json_t *prompt, json_t *completion) {
+    json_t *msgs = NULL, *extra = NULL;
+    en_status st = EN_OK;
+    const en_data_config *c = &L->ds->cfg;
+    if (c->rewrite) {
+        st = c->rewrite(c->rewrite_ctx, json_string_value(prompt), json_string_value(completion),
+                        &msgs, &extra, L->err);
+        if (st != EN_OK) {
+            en_err_prefix(L->err, "%s:%" PRId64, path, line);
+            return st;
+        }
+    } else {
+        msgs = json_pack("[{s:s,s:O},{s:s,s:O}]", "role", "user", "content", prompt, "role",
+                         "assistant", "content", completion);
+    }
+    if (!msgs)
+        st = EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
+    else
+        st = add_chat(L, path, line, msgs, extra);
+    json_decref(msgs);
+    json_decref(extra);
     return st;
 }
 
@@ -306,7 +334,7 @@ static en_status jsonl_chat(loader *L, const char *path, int64_t line, json_t *m
             return bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);
         return bad(L, path, line, "no assistant message to train on");
     }
-    return add_chat(L, path, line, messages);
+    return add_chat(L, path, line, messages, NULL);
 }
 
 /* One non-blank line of a .jsonl file. */
@@ -357,13 +385,7 @@ static en_status jsonl_record(loader *L, const char *path, int64_t line, const c
         } else if (json_string_length(completion) == 0) {
             st = bad(L, path, line, "\"completion\" is empty");
         } else {
-            json_t *msgs = json_pack("[{s:s,s:O},{s:s,s:O}]", "role", "user", "content", prompt,
-                                     "role", "assistant", "content", completion);
-            if (!msgs)
-                st = EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
-            else
-                st = add_chat(L, path, line, msgs);
-            json_decref(msgs);
+            st = add_prompt_completion(L, path, line, prompt, completion);
         }
     } else {
         st = jsonl_chat(L, path, line, messages);
@@ -588,6 +610,8 @@ en_status en_dataset_create(const char *const *files, int n_files, const en_toke
     for (int i = 0; i < n_files && st == EN_OK; i++)
         st = load_file(&L, files[i]);
     en_chat_template_destroy(plain);
+    ds->cfg.rewrite = NULL; /* borrowed for en_dataset_create only */
+    ds->cfg.rewrite_ctx = NULL;
     if (st == EN_OK) st = pack(ds, err);
     if (st == EN_OK && ds->n_wins == 0) {
         char names[400];

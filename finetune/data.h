@@ -71,6 +71,16 @@
 extern "C" {
 #endif
 
+struct json_t;
+
+/* A hook that rewrites each prompt/completion record before it is rendered
+ * (finetune/ground_data.h grounds it in retrieved passages): *messages gets
+ * a new messages array and *extra template variables or NULL (both owned by
+ * the caller). Errors stop the load (they are not the record's fault). */
+typedef en_status (*en_data_rewrite_fn)(void *ctx, const char *prompt, const char *completion,
+                                        struct json_t **messages, struct json_t **extra,
+                                        en_err *err);
+
 typedef struct en_data_config {
     int seq_len;          /* tokens per training window (inputs); 2 .. 16777216 */
     int doc_sep_blank;    /* .txt: documents are separated by blank lines (else one per file) */
@@ -80,6 +90,10 @@ typedef struct en_data_config {
      * en_dataset_create only (the dataset keeps the tokens, not the
      * template); NULL means the built-in plain template. */
     const en_chat_template *chat_template;
+    /* NULL, or called for every prompt/completion record (borrowed, with
+     * rewrite_ctx, during en_dataset_create only) */
+    en_data_rewrite_fn rewrite;
+    void *rewrite_ctx;
 } en_data_config;
 
 /* seq_len 1024, one document per .txt file, masked loss, strict, plain

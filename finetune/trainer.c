@@ -31,6 +31,7 @@
 #include "../models/train.h"
 #include "../models/whole.h"
 #include "checkpoint.h"
+#include "ground_data.h"
 #include "report.h"
 
 #define STATE_MAGIC "energon-trainer-state"
@@ -44,6 +45,7 @@ en_finetune_config en_finetune_config_default(void) {
     c.batch = 4;
     c.batch_tokens = 0;
     c.epochs = 1;
+    c.retrieval_top_k = 3;
     c.lr = 3e-4f;
     c.min_lr_ratio = 0.1f;
     c.weight_decay = 0.0f;
@@ -107,6 +109,8 @@ static en_status config_save(const en_finetune_config *c, en_err *err) {
     json_object_set_new(r, "skip_bad_records", json_boolean(c->data_cfg.skip_bad_records));
     json_object_set_new(r, "chat_template",
                         json_string(c->chat_template ? c->chat_template : "model"));
+    if (c->index_path) json_object_set_new(r, "index", json_string(c->index_path));
+    json_object_set_new(r, "retrieval_top_k", json_integer(c->retrieval_top_k));
     json_object_set_new(r, "threads", json_integer(c->n_threads));
     json_object_set_new(r, "recompute", json_integer(c->recompute));
     char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -190,6 +194,8 @@ en_status en_finetune_config_load(const char *run_dir, en_finetune_config *c, vo
     GB("skip_bad_records", c->data_cfg.skip_bad_records);
     GI("threads", c->n_threads);
     GI("recompute", c->recompute);
+    c->index_path = json_string_value(json_object_get(r, "index"));
+    GI("retrieval_top_k", c->retrieval_top_k);
     /* "model" (the model's own template), a built-in name, or a .jinja path;
      * runs from before templates were objects wrote the built-in's name */
     const char *ct = json_string_value(json_object_get(r, "chat_template"));
@@ -517,6 +523,43 @@ static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
                what, (long long)st->n_truncated, seq_len);
 }
 
+/* The training (and --val-data) datasets, grounded in cfg->index_path's
+ * passages when it is set (ground_data.h), with a summary line. */
+static en_status load_datasets(run *r, const en_finetune_config *cfg, en_data_config *dc,
+                               en_err *err) {
+    en_ground_data *g = NULL;
+    en_status s;
+    if (cfg->index_path) {
+        EN_TRY(en_ground_data_create(cfg->index_path, cfg->retrieval_top_k, r->tmpl, &g, err));
+        dc->rewrite = en_ground_data_rewrite;
+        dc->rewrite_ctx = g;
+    }
+    if ((s = en_dataset_create(cfg->data, cfg->n_data, r->tok, dc, &r->train, err)) != EN_OK)
+        goto done;
+    if (g) {
+        const en_ground_data_stats *gs = en_ground_data_stats_get(g);
+        const en_data_stats *st = en_dataset_stats(r->train);
+        int64_t nr = st->n_records > 0 ? st->n_records : 1;
+        en_log(EN_LOG_INFO,
+               "grounded %lld prompt/completion records in %s (BM25 top %d, %.2f passages "
+               "each): %lld with a citation marker, %lld without; mean untrained (prompt) "
+               "tokens per record %.1f",
+               (long long)gs->n_records, cfg->index_path, cfg->retrieval_top_k,
+               gs->n_records ? (double)gs->n_passages / (double)gs->n_records : 0.0,
+               (long long)gs->n_marked, (long long)(gs->n_records - gs->n_marked),
+               (double)(st->n_tokens - st->n_trained_tokens) / (double)nr);
+    }
+    if (cfg->n_val_data > 0 &&
+        (s = en_dataset_create(cfg->val_data, cfg->n_val_data, r->tok, dc, &r->val, err)) !=
+            EN_OK)
+        en_err_prefix(err, "--val-data");
+done:
+    en_ground_data_destroy(g);
+    dc->rewrite = NULL;
+    dc->rewrite_ctx = NULL;
+    return s;
+}
+
 /* The template cfg->chat_template names (see trainer.h). */
 static en_status load_template(const en_finetune_config *cfg, const en_tokenizer *tok,
                                en_chat_template **out, en_err *err) {
@@ -618,15 +661,8 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     dc.chat_template = r->tmpl;
     en_log(EN_LOG_INFO, "reading %d training file(s); tokenizer %s; chat template %s",
            cfg->n_data, en_tokenizer_file(r->tok), en_chat_template_describe(r->tmpl));
-    if ((s = en_dataset_create(cfg->data, cfg->n_data, r->tok, &dc, &r->train, err)) != EN_OK)
-        goto fail;
-    if (cfg->n_val_data > 0) {
-        if ((s = en_dataset_create(cfg->val_data, cfg->n_val_data, r->tok, &dc, &r->val, err)) !=
-            EN_OK) {
-            en_err_prefix(err, "--val-data");
-            goto fail;
-        }
-    } else if (cfg->val_fraction > 0) {
+    if ((s = load_datasets(r, cfg, &dc, err)) != EN_OK) goto fail;
+    if (cfg->n_val_data == 0 && cfg->val_fraction > 0) {
         if ((s = en_dataset_split(r->train, cfg->val_fraction, cfg->seed, &r->val, err)) != EN_OK) {
             en_err_prefix(err, "--val-fraction");
             goto fail;

@@ -53,6 +53,12 @@ typedef struct en_finetune_config {
      * Jinja template. Borrowed. run.json records it ("model" for NULL) so
      * that a resumed run renders its records identically. */
     const char *chat_template;
+    /* Grounding (finetune/ground_data.h): with index_path, every
+     * prompt/completion record gets the top retrieval_top_k passages of that
+     * index (BM25) in its prompt and a " [n]" citation marker on its
+     * completion, as the server grounds a request. Borrowed; in run.json. */
+    const char *index_path;
+    int retrieval_top_k; /* default 3 */
     /* > 0: write the first dump_data training windows to stdout (ids, their
      * train flags, and the text with trained tokens inside ⟦ ⟧) and return
      * before training; run_dir is then not used. Shows what a run would
