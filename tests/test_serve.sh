@@ -306,10 +306,11 @@ case " $SCRIPTS " in *" retrieve "*)
             --index "$T/company.db"
         side_script retrieve "" retrieve EN_INDEX="$T/company.db" EN_URL_MAIN="$NURL"
         [ -n "$NURL" ] || hfail "the server without --index did not start"
-        # chat "retrieval": passages small enough that three fit the context;
+        # chat "retrieval": passages small enough that two (K = 2) and 24 tokens
+        # of answer fit the 512-token context with room (largest prompt ~380);
         # the script starts its own --index server, EN_URL is the one without
         if "$ENERGON" index --docs "$ROOT/examples/company" --out "$T/company-small.db" \
-            --chunk-tokens 32 --overlap 4 >>"$T/retrieve-setup.log" 2>&1; then
+            --chunk-tokens 24 --overlap 4 >>"$T/retrieve-setup.log" 2>&1; then
             # the sources in `energon chat` and on the chat page (issue 15), each
             # against its own server with that index (side_script stops it);
             # EN_URL_NOINDEX: the server without --index, stopped by retrieval_chat
