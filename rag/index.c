@@ -747,6 +747,18 @@ static char *meta_value(en_index *idx, const char *key) {
     return query_text(idx, "SELECT value FROM meta WHERE key = ?1", key);
 }
 
+/* Refresh the cached meta value *slot, keeping the old string (and so the
+ * pointers handed out by an earlier en_index_vector_info) when unchanged. */
+static void cache_meta(en_index *idx, char **slot, const char *key) {
+    char *v = meta_value(idx, key);
+    if (v && *slot && strcmp(v, *slot) == 0) {
+        en_free(v);
+        return;
+    }
+    en_free(*slot);
+    *slot = v;
+}
+
 en_status en_index_vector_info(en_index *idx, en_index_vectors *out, en_err *err) {
     memset(out, 0, sizeof *out);
     char *dim = meta_value(idx, "embed_dim");
@@ -759,10 +771,10 @@ en_status en_index_vector_info(en_index *idx, en_index_vectors *out, en_err *err
     out->layers = v[1] ? atoi(v[1]) : 0;
     out->max_tokens = v[2] ? atoi(v[2]) : 0;
     for (int i = 0; i < 3; i++) en_free(v[i]);
-    en_free(idx->vec_pooling), idx->vec_pooling = meta_value(idx, "embed_pooling");
-    en_free(idx->vec_name), idx->vec_name = meta_value(idx, "embed_model");
-    en_free(idx->vec_hash), idx->vec_hash = meta_value(idx, "embed_model_hash");
-    en_free(idx->vec_arch), idx->vec_arch = meta_value(idx, "embed_model_arch");
+    cache_meta(idx, &idx->vec_pooling, "embed_pooling");
+    cache_meta(idx, &idx->vec_name, "embed_model");
+    cache_meta(idx, &idx->vec_hash, "embed_model_hash");
+    cache_meta(idx, &idx->vec_arch, "embed_model_arch");
     if (out->dim < 1 || !idx->vec_pooling || !idx->vec_name || !idx->vec_hash ||
         !idx->vec_arch)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: the vectors' meta entries (embed_*) are "

@@ -102,8 +102,9 @@ void en_index_hits_free(en_index_hit *hits, int n);
 const char *en_index_path(const en_index *idx);
 
 /* What the index says about its vectors (strings owned by the index,
- * valid until it is destroyed). has = 0 (and the rest zero / NULL) for an
- * index without vectors. */
+ * valid until it is destroyed or its embed_* meta entries change: a
+ * second call with the same entries keeps the same strings). has = 0
+ * (and the rest zero / NULL) for an index without vectors. */
 typedef struct en_index_vectors {
     int has;
     int64_t count; /* passages with a vector */
