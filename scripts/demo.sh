@@ -56,7 +56,7 @@ grounded_step() {
     printf '\nLoRA on the %d pairs, each prompt grounded in its top 3 passages (about 5 minutes):\n' \
         "$(wc -l <"$X/qa.jsonl")"
     "$ENERGON" finetune --model "$gguf" --data "$X/qa.jsonl" --index "$OUT/company.db" \
-        --seq-len 800 --batch 4 --steps 20 --lr 1e-3 --lora-rank 8 --lora-targets q,k,v,o \
+        --seq-len 800 --batch 4 --steps 20 --lr 2e-3 --lora-rank 8 --lora-targets q,k,v,o \
         --log-every 2 --threads "$THREADS" --out "$OUT/grounded-lora"
     local q answers
     answers=$(for q in "${GROUNDED_QUESTIONS[@]}"; do printf '%s\n/reset\n' "$q"; done |
