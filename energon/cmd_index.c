@@ -192,6 +192,10 @@ static int build(const char *const *roots, int n_roots, const char *out, en_inde
            "%d skipped; %lld passages; %.2f s\n",
            out, st.added, st.changed, st.unchanged, st.removed, st.skipped,
            (long long)st.passages, en_time_now() - t0);
+    if (st.added + st.changed + st.unchanged == 0)
+        fprintf(stderr, "energon index: warning: no .txt, .md, .html or .jsonl document under "
+                        "--docs %s%s (%d other files skipped): the index is empty\n", roots[0],
+                n_roots > 1 ? " ..." : "", st.skipped);
     if (lo->dir) {
         if (st.reembedded)
             fprintf(stderr, "energon index: the stored vectors were another model's (or "

@@ -401,8 +401,9 @@ check(rc == 0 and "300 changed" in out and
 EMPTY = os.path.join(T, "empty")
 os.makedirs(EMPTY)
 rc, out = run("--docs", EMPTY, "--out", os.path.join(T, "e.db"))
-check(rc == 0 and "files 0 added" in out and "0 passages" in out,
-      "an empty folder: an empty index, exit 0: " + out.strip())
+check(rc == 0 and "files 0 added" in out and "0 passages" in out and "warning" in out and
+      EMPTY in out, "an empty folder: an empty index, exit 0, a warning naming it: " +
+      out.strip())
 # root reads any folder: as root, run that one as nobody (setpriv), if it can
 as_user = []
 if os.geteuid() == 0:
