@@ -302,8 +302,10 @@ case " $SCRIPTS " in *" retrieve "*)
         # a server without --index (the main one may have had its SIGTERM by now)
         side_server server-noindex.log --model "$T/model" --model-name "$NAME"
         NPID=$QPID NURL=$QURL
+        # --max-body 2 MiB: a query of 1 MiB reaches the parser (400 on query;
+        # at the default 1 MiB its body is a 413, bad_input.py's case)
         side_server server-retrieve.log --model "$T/model" --model-name "$NAME" \
-            --index "$T/company.db"
+            --index "$T/company.db" --max-body 2097152
         side_script retrieve "" retrieve EN_INDEX="$T/company.db" EN_URL_MAIN="$NURL"
         [ -n "$NURL" ] || hfail "the server without --index did not start"
         # chat "retrieval": passages small enough that two (K = 2) and 24 tokens

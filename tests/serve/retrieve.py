@@ -66,7 +66,8 @@ check(all(g and g[1] == alone[g[0]] for g in got), "16 concurrent retrieves equa
 # (d) bad input
 BAD = [({"top_k": 3}, "query"), ({"query": ""}, "query"), ({"query": 5}, "query"),
        ({"query": "x", "top_k": 0}, "top_k"), ({"query": "x", "top_k": 101}, "top_k"),
-       ({"query": "x", "top_k": "5"}, "top_k"), ({"query": "q" * 9000}, "query")]
+       ({"query": "x", "top_k": "5"}, "top_k"), ({"query": "x", "top_k": 10000}, "top_k"),
+       ({"query": "q" * 9000}, "query"), ({"query": ("vacation " * 116509)[:1 << 20]}, "query")]
 for body, param in BAD:
     st, js, raw = post("/v1/retrieve", body)
     err = (js or {}).get("error") or {}
