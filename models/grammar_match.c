@@ -1,0 +1,289 @@
+/*
+ * grammar_match.c - follow a grammar (grammar.h) over fed bytes.
+ *
+ * A way through the grammar is a stack of element positions: the top is
+ * the next thing to match, the ones below are where each enclosing rule
+ * goes on once the one above it is done. The matcher keeps every way the
+ * bytes so far allow, each expanded until its top is a character class
+ * (or the stack is empty: the root is complete). A code point advances
+ * every way whose class holds it and drops the rest; there is no
+ * backtracking, and since no rule is left-recursive (grammar.c checks)
+ * expansion always stops. Duplicate ways are merged, so an ambiguous
+ * grammar costs ways, not time exponential in the input.
+ */
+#include "grammar.h"
+
+#include <string.h>
+
+typedef const en_gelem *gpos;
+
+/* A set of ways: stack i is pos[off[i] .. off[i] + len[i]), bottom first. */
+typedef struct gset {
+    gpos *pos;
+    int *off, *len;
+    int n, cap;
+    size_t npos, cap_pos;
+} gset;
+
+struct en_gmatch {
+    const en_grammar *g;
+    gset cur, next;
+    uint32_t u8_val; /* a code point's bits fed so far */
+    int u8_need;     /* continuation bytes still to come */
+    int u8_len;      /* bytes of that code point */
+    int overflow;    /* the last advance went past a limit */
+};
+
+static void gset_free(gset *s) {
+    en_free(s->pos);
+    en_free(s->off);
+    en_free(s->len);
+    memset(s, 0, sizeof *s);
+}
+
+static int is_class(uint32_t t) { return t == EN_GE_CHAR || t == EN_GE_NCHAR || t == EN_GE_ANY; }
+static int seq_end(gpos p) { return p->type == EN_GE_END || p->type == EN_GE_ALT; }
+
+/* Add stack st[0..n) unless the set has it; 0, or -1 past a limit / OOM. */
+static int gset_add(gset *s, const gpos *st, int n) {
+    for (int i = 0; i < s->n; i++)
+        if (s->len[i] == n &&
+            (n == 0 || memcmp(s->pos + s->off[i], st, (size_t)n * sizeof *st) == 0))
+            return 0;
+    if (s->n >= EN_GRAMMAR_MAX_STACKS) return -1;
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        int *off = en_realloc(s->off, (size_t)cap * sizeof *off);
+        if (!off) return -1;
+        s->off = off;
+        int *len = en_realloc(s->len, (size_t)cap * sizeof *len);
+        if (!len) return -1;
+        s->len = len, s->cap = cap;
+    }
+    if (s->npos + (size_t)n > s->cap_pos) {
+        size_t cap = s->cap_pos ? 2 * s->cap_pos : 256;
+        while (cap < s->npos + (size_t)n) cap *= 2;
+        gpos *pos = en_realloc(s->pos, cap * sizeof *pos);
+        if (!pos) return -1;
+        s->pos = pos, s->cap_pos = cap;
+    }
+    if (n) memcpy(s->pos + s->npos, st, (size_t)n * sizeof *st);
+    s->off[s->n] = (int)s->npos, s->len[s->n] = n;
+    s->npos += (size_t)n;
+    s->n++;
+    return 0;
+}
+
+#define MAX_EXPAND_DEPTH 4096 /* nested expansions before a class is met */
+
+/* Expand stack st[0..n) (st has room for EN_GRAMMAR_MAX_DEPTH + 2) until
+ * every way's top is a class, adding each to out. st[0..n) is as it was
+ * on return (the slots above may not be). */
+static int expand(const en_grammar *g, gset *out, gpos *st, int n, int depth) {
+    if (n == 0 || is_class(st[n - 1]->type)) return gset_add(out, st, n);
+    if (depth > MAX_EXPAND_DEPTH) return -1;
+    const gpos top = st[n - 1]; /* a reference */
+    const gpos cont = top + 1;
+    int base = n - 1, rc = 0;
+    if (!seq_end(cont)) st[base++] = cont;
+    if (base >= EN_GRAMMAR_MAX_DEPTH) rc = -1;
+    for (gpos a = en_grammar_rule(g, (int)top->v); rc == 0; a++) {
+        /* a: the start of an alternative */
+        int m = base;
+        if (!seq_end(a)) st[m++] = a;
+        rc = expand(g, out, st, m, depth + 1);
+        while (!seq_end(a)) a++;
+        if (a->type == EN_GE_END) break;
+    }
+    st[n - 1] = top;
+    return rc;
+}
+
+/* Does the class at p hold a code point in [lo, hi]? */
+static int class_meets(gpos p, uint32_t lo, uint32_t hi) {
+    if (p->type == EN_GE_ANY) return 1;
+    if (p->type == EN_GE_CHAR) {
+        for (gpos e = p; e == p || e->type == EN_GE_HI || e->type == EN_GE_ALT_CHAR; e++) {
+            uint32_t a = e->v, b = (e + 1)->type == EN_GE_HI ? (e + 1)->v : e->v;
+            if (e->type == EN_GE_HI) continue;
+            if (a <= hi && b >= lo) return 1;
+        }
+        return 0;
+    }
+    /* negated: some point of [lo, hi] outside every listed range */
+    uint32_t at = lo;
+    for (int moved = 1; moved && at <= hi;) {
+        moved = 0;
+        for (gpos e = p; e == p || e->type == EN_GE_HI || e->type == EN_GE_ALT_CHAR; e++) {
+            if (e->type == EN_GE_HI) continue;
+            uint32_t a = e->v, b = (e + 1)->type == EN_GE_HI ? (e + 1)->v : e->v;
+            if (a <= at && at <= b) {
+                if (b >= hi) return 0;
+                at = b + 1, moved = 1;
+            }
+        }
+    }
+    return at <= hi;
+}
+
+/* The element after the class that starts at p. */
+static gpos class_end(gpos p) {
+    if (p->type == EN_GE_ANY) return p + 1;
+    p++;
+    while (p->type == EN_GE_HI || p->type == EN_GE_ALT_CHAR) p++;
+    return p;
+}
+
+/* m->next = the ways of m->cur advanced over code point cp. */
+static int advance(en_gmatch *m, uint32_t cp) {
+    gpos st[EN_GRAMMAR_MAX_DEPTH + 2];
+    gset *in = &m->cur, *out = &m->next;
+    out->n = 0, out->npos = 0;
+    for (int i = 0; i < in->n; i++) {
+        int n = in->len[i];
+        if (n == 0) continue;
+        const gpos *s = in->pos + in->off[i];
+        if (!class_meets(s[n - 1], cp, cp)) continue;
+        memcpy(st, s, (size_t)(n - 1) * sizeof *st);
+        int k = n - 1;
+        gpos after = class_end(s[n - 1]);
+        if (!seq_end(after)) st[k++] = after;
+        if (expand(m->g, out, st, k, 0)) {
+            m->overflow = 1;
+            return -1;
+        }
+    }
+    return out->n > 0 ? 0 : -1;
+}
+
+/* Can some way take a code point in [lo, hi]? (a half-fed code point) */
+static int feasible(const en_gmatch *m, uint32_t lo, uint32_t hi) {
+    for (int i = 0; i < m->cur.n; i++) {
+        int n = m->cur.len[i];
+        if (n && class_meets(m->cur.pos[m->cur.off[i] + n - 1], lo, hi)) return 1;
+    }
+    return 0;
+}
+
+en_status en_gmatch_create(const en_grammar *g, en_gmatch **out, en_err *err) {
+    *out = NULL;
+    en_gmatch *m = en_calloc(1, sizeof *m);
+    if (!m) return EN_ERR(err, EN_ERR_NOMEM, "grammar matcher: out of memory");
+    m->g = g;
+    /* the root's alternatives, each a way */
+    gpos st[EN_GRAMMAR_MAX_DEPTH + 2];
+    for (gpos a = en_grammar_rule(g, en_grammar_root(g));; a++) {
+        int n = 0;
+        if (!seq_end(a)) st[n++] = a;
+        if (expand(g, &m->cur, st, n, 0)) {
+            en_gmatch_destroy(m);
+            return EN_ERR(err, EN_ERR_ARG, "grammar: the start rule has more than %d ways "
+                          "to begin", EN_GRAMMAR_MAX_STACKS);
+        }
+        while (!seq_end(a)) a++;
+        if (a->type == EN_GE_END) break;
+    }
+    *out = m;
+    return EN_OK;
+}
+
+void en_gmatch_destroy(en_gmatch *m) {
+    if (!m) return;
+    gset_free(&m->cur);
+    gset_free(&m->next);
+    en_free(m);
+}
+
+en_status en_gmatch_copy(en_gmatch *dst, const en_gmatch *src) {
+    dst->g = src->g;
+    dst->u8_val = src->u8_val, dst->u8_need = src->u8_need, dst->u8_len = src->u8_len;
+    dst->overflow = src->overflow;
+    dst->cur.n = 0, dst->cur.npos = 0;
+    for (int i = 0; i < src->cur.n; i++)
+        if (gset_add(&dst->cur, src->cur.len[i] ? src->cur.pos + src->cur.off[i] : NULL,
+                     src->cur.len[i]))
+            return EN_ERR_NOMEM;
+    return EN_OK;
+}
+
+static void swap_sets(en_gmatch *m) {
+    gset t = m->cur;
+    m->cur = m->next, m->next = t;
+}
+
+/* One byte; 1 taken, 0 refused (m unchanged then, but for u8 state the
+ * caller restores). */
+static int feed_byte(en_gmatch *m, uint8_t b) {
+    if (m->u8_need == 0) {
+        if (b < 0x80) {
+            if (advance(m, b)) return 0;
+            swap_sets(m);
+            return 1;
+        }
+        int n = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        if (n == 0 || b == 0xC0 || b == 0xC1 || b > 0xF4) return 0;
+        uint32_t v = n == 2 ? b & 0x1Fu : n == 3 ? b & 0x0Fu : b & 0x07u;
+        uint32_t lo = v << (6 * (n - 1)), hi = lo | ((1u << (6 * (n - 1))) - 1);
+        static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (lo < min_of[n]) lo = min_of[n];
+        if (hi > 0x10FFFF) hi = 0x10FFFF;
+        if (lo > hi || !feasible(m, lo, hi)) return 0;
+        m->u8_val = v, m->u8_need = n - 1, m->u8_len = n;
+        return 1;
+    }
+    if ((b & 0xC0) != 0x80) return 0;
+    uint32_t v = (m->u8_val << 6) | (b & 0x3Fu);
+    int need = m->u8_need - 1;
+    uint32_t lo = v << (6 * need), hi = lo | ((1u << (6 * need)) - 1);
+    static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (lo < min_of[m->u8_len]) lo = min_of[m->u8_len];
+    if (hi > 0x10FFFF) hi = 0x10FFFF;
+    if (lo > hi) return 0;
+    if (need == 0) {
+        if (v >= 0xD800 && v <= 0xDFFF) return 0;
+        if (advance(m, v)) return 0;
+        swap_sets(m);
+        m->u8_need = 0;
+        return 1;
+    }
+    if (m->u8_len == 3 && need == 1 && lo >= 0xD800 && hi <= 0xDFFF) return 0;
+    if (!feasible(m, lo, hi)) return 0;
+    m->u8_val = v, m->u8_need = need;
+    return 1;
+}
+
+int en_gmatch_feed(en_gmatch *m, const uint8_t *bytes, size_t n) {
+    if (n == 0) return 1;
+    if (n == 1) {
+        /* a refused byte leaves the state as it was */
+        return feed_byte(m, bytes[0]);
+    }
+    en_gmatch save = {0};
+    save.g = m->g;
+    if (en_gmatch_copy(&save, m) != EN_OK) {
+        gset_free(&save.cur);
+        return 0;
+    }
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) ok = feed_byte(m, bytes[i]);
+    if (!ok) {
+        gset t = m->cur;
+        m->cur = save.cur, save.cur = t;
+        m->u8_val = save.u8_val, m->u8_need = save.u8_need, m->u8_len = save.u8_len;
+    }
+    gset_free(&save.cur);
+    return ok;
+}
+
+int en_gmatch_accepting(const en_gmatch *m) {
+    if (m->u8_need) return 0;
+    for (int i = 0; i < m->cur.n; i++)
+        if (m->cur.len[i] == 0) return 1;
+    return 0;
+}
+
+int en_gmatch_done(const en_gmatch *m) {
+    return en_gmatch_accepting(m) && m->cur.n == 1;
+}
+
+int en_gmatch_n_stacks(const en_gmatch *m) { return m->cur.n; }
