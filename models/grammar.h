@@ -87,5 +87,33 @@ int en_gmatch_accepting(const en_gmatch *m);
 /* 1 when nothing more can be fed: accepting and no way goes on. */
 int en_gmatch_done(const en_gmatch *m);
 int en_gmatch_n_stacks(const en_gmatch *m);
+/* dst := src fed the one byte b (1), or 0 when b is refused (dst is then
+ * unspecified). Cheaper than copy + feed: the mask's walk over the
+ * vocabulary calls it once per trie edge. dst must be a matcher of the
+ * same grammar (its buffers are reused). */
+int en_gmatch_step(const en_gmatch *src, uint8_t b, en_gmatch *dst);
+/* The state as words (for a cache key): writes up to cap, returns the
+ * count it needs. Equal keys mean equal states. */
+size_t en_gmatch_key(const en_gmatch *m, uintptr_t *key, size_t cap);
+
+/* ---- token masks (models/grammar_mask.c) ---- */
+
+typedef struct en_gmask en_gmask;
+
+/* A mask builder for grammar g over a vocabulary of n tokens, token i
+ * being bytes[i][0..lens[i]) (lens[i] = 0: never allowed, e.g. special
+ * tokens); stop[0..n_stop) are the ids allowed exactly when the matcher is
+ * accepting (end of sequence). cache: how many states' masks to keep
+ * (least recently used dropped; 0: none). The byte strings are copied. */
+en_status en_gmask_create(const en_grammar *g, const char *const *bytes, const size_t *lens,
+                          int32_t n, const int32_t *stop, int n_stop, int cache,
+                          en_gmask **out, en_err *err);
+void en_gmask_destroy(en_gmask *k);
+/* allowed[0..n) := 1 for each token m can take next, else 0; returns how
+ * many are allowed (0: a dead end, which a grammar without dead ends
+ * never reaches), or -1 when out of memory. Thread-safe. */
+int en_gmask_compute(en_gmask *k, const en_gmatch *m, uint8_t *allowed);
+/* Cache figures since creation. */
+void en_gmask_stats(const en_gmask *k, long *hits, long *misses);
 
 #endif

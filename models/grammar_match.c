@@ -134,10 +134,10 @@ static gpos class_end(gpos p) {
     return p;
 }
 
-/* m->next = the ways of m->cur advanced over code point cp. */
-static int advance(en_gmatch *m, uint32_t cp) {
+/* out = the ways of in advanced over code point cp; -1 when none is left
+ * or a limit was passed. */
+static int advance_set(const en_grammar *g, const gset *in, gset *out, uint32_t cp) {
     gpos st[EN_GRAMMAR_MAX_DEPTH + 2];
-    gset *in = &m->cur, *out = &m->next;
     out->n = 0, out->npos = 0;
     for (int i = 0; i < in->n; i++) {
         int n = in->len[i];
@@ -148,12 +148,13 @@ static int advance(en_gmatch *m, uint32_t cp) {
         int k = n - 1;
         gpos after = class_end(s[n - 1]);
         if (!seq_end(after)) st[k++] = after;
-        if (expand(m->g, out, st, k, 0)) {
-            m->overflow = 1;
-            return -1;
-        }
+        if (expand(g, out, st, k, 0)) return -1;
     }
     return out->n > 0 ? 0 : -1;
+}
+
+static int advance(en_gmatch *m, uint32_t cp) {
+    return advance_set(m->g, &m->cur, &m->next, cp);
 }
 
 /* Can some way take a code point in [lo, hi]? (a half-fed code point) */
@@ -287,3 +288,36 @@ int en_gmatch_done(const en_gmatch *m) {
 }
 
 int en_gmatch_n_stacks(const en_gmatch *m) { return m->cur.n; }
+
+int en_gmatch_step(const en_gmatch *src, uint8_t b, en_gmatch *dst) {
+    dst->g = src->g;
+    int ascii = src->u8_need == 0 && b < 0x80;
+    if (ascii || (src->u8_need == 1 && (b & 0xC0) == 0x80)) {
+        /* b completes a code point: src's ways advance straight into dst's */
+        uint32_t cp = ascii ? b : (src->u8_val << 6) | (b & 0x3Fu);
+        static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (!ascii && (cp < min_of[src->u8_len] || cp > 0x10FFFF ||
+                       (cp >= 0xD800 && cp <= 0xDFFF)))
+            return 0;
+        if (advance_set(src->g, &src->cur, &dst->cur, cp)) return 0;
+        dst->u8_val = 0, dst->u8_need = 0, dst->u8_len = 0;
+        return 1;
+    }
+    if (en_gmatch_copy(dst, src) != EN_OK) return 0;
+    return feed_byte(dst, b);
+}
+
+size_t en_gmatch_key(const en_gmatch *m, uintptr_t *key, size_t cap) {
+    size_t n = 0;
+#define PUT(x) do { if (n < cap) key[n] = (uintptr_t)(x); n++; } while (0)
+    PUT(m->u8_val);
+    PUT(m->u8_need);
+    PUT(m->u8_len);
+    PUT(m->cur.n);
+    for (int i = 0; i < m->cur.n; i++) {
+        PUT(m->cur.len[i]);
+        for (int j = 0; j < m->cur.len[i]; j++) PUT(m->cur.pos[m->cur.off[i] + j]);
+    }
+#undef PUT
+    return n;
+}

@@ -13,7 +13,9 @@
 #include <string.h>
 
 #include "../common/file.h"
+#include "../common/status.h"
 #include "../models/grammar.h"
+#include "../tokenizer/tokenizer.h"
 #include "test_util.h"
 
 static en_grammar *parse(const char *text, en_err *err) {
@@ -198,9 +200,182 @@ done:
     en_free(cases);
 }
 
+
+static en_grammar *json_grammar(void) {
+    char *text = NULL;
+    size_t len = 0;
+    en_err err = {0};
+    en_grammar *g = NULL;
+    if (en_file_read_all(EN_FIXTURES "/../../examples/grammars/json.gbnf", &text, &len, &err) ==
+        EN_OK)
+        en_grammar_parse(text, len, NULL, &g, &err);
+    en_free(text);
+    return g;
+}
+
+/* The mask against feeding each token alone to a copy of m (ids in
+ * check[0..n_check), all when NULL); returns the mismatches. */
+static int brute_mismatches(const en_gmatch *m, const en_grammar *g, const char *const *tok,
+                            const size_t *len, int32_t V, const int32_t *stop, int n_stop,
+                            const uint8_t *allowed, const int32_t *check, int n_check) {
+    en_gmatch *c = NULL;
+    en_err err;
+    en_gmatch_create(g, &c, &err);
+    int bad = 0, acc = en_gmatch_accepting(m);
+    for (int i = 0; i < (check ? n_check : V); i++) {
+        int32_t id = check ? check[i] : i;
+        int want = 0, is_stop = 0;
+        for (int s = 0; s < n_stop; s++) is_stop |= stop[s] == id;
+        if (is_stop) {
+            want = acc;
+        } else if (len[id]) {
+            en_gmatch_copy(c, m);
+            want = en_gmatch_feed(c, (const uint8_t *)tok[id], len[id]);
+        }
+        if (want != allowed[id] && bad++ < 3)
+            fprintf(stderr, "  mask of token %d (%.*s): %d, alone %d\n", (int)id, (int)len[id],
+                    tok[id], allowed[id], want);
+    }
+    en_gmatch_destroy(c);
+    return bad;
+}
+
+/* Random walks: at each step the mask (cached) is compared with feeding
+ * tokens alone, then a random allowed token is taken; a stop ends the walk
+ * and the text must then be a whole sentence of the grammar. */
+static void walks(const char *name, const en_grammar *g, const char *const *tok,
+                  const size_t *len, int32_t V, const int32_t *stop, int n_stop, int n_walks,
+                  int steps, int sample) {
+    en_gmask *k = NULL;
+    en_err err = {0};
+    CHECK(en_gmask_create(g, tok, len, V, stop, n_stop, 64, &k, &err) == EN_OK, "%s: %s", name,
+          err.msg);
+    if (!k) return;
+    uint8_t *allowed = malloc((size_t)V);
+    int32_t *check = malloc(sizeof *check * (size_t)(V + sample));
+    en_test_rng rng = {7};
+    int mism = 0, masks = 0, stopped = 0, whole = 0;
+    double t_miss = 0, t_hit = 0;
+    long n_hit0 = 0, n_miss0 = 0;
+    for (int w = 0; w < n_walks; w++) {
+        en_gmatch *m = NULL;
+        en_gmatch_create(g, &m, &err);
+        char text[8192];
+        size_t tl = 0;
+        for (int s = 0; s < steps; s++) {
+            long h0, m0, h1, m1;
+            en_gmask_stats(k, &h0, &m0);
+            double t0 = en_time_now();
+            int n = en_gmask_compute(k, m, allowed);
+            double dt = en_time_now() - t0;
+            en_gmask_stats(k, &h1, &m1);
+            if (m1 > m0) t_miss += dt, n_miss0++;
+            else t_hit += dt, n_hit0++;
+            masks++;
+            int n_check = 0;
+            if (sample) {
+                for (int32_t i = 0; i < V; i++)
+                    if (allowed[i]) check[n_check++] = i;
+                for (int i = 0; i < sample; i++)
+                    check[n_check++] = (int32_t)(en_test_rng_u64(&rng) % (uint64_t)V);
+            }
+            mism += brute_mismatches(m, g, tok, len, V, stop, n_stop, allowed,
+                                     sample ? check : NULL, n_check);
+            if (n <= 0) break;
+            int stop_ok = n_stop && allowed[stop[0]];
+            if (stop_ok && (n == 1 || en_test_rng_u64(&rng) % 8 == 0)) {
+                stopped++;
+                en_gmatch *f = NULL;
+                en_gmatch_create(g, &f, &err);
+                whole += en_gmatch_feed(f, (const uint8_t *)text, tl) && en_gmatch_accepting(f);
+                en_gmatch_destroy(f);
+                break;
+            }
+            int pick = (int)(en_test_rng_u64(&rng) % (uint64_t)n), id = 0;
+            for (id = 0; id < V; id++)
+                if (allowed[id] && (n_stop == 0 || id != stop[0]) && pick-- == 0) break;
+            if (id == V || tl + len[id] >= sizeof text) break;
+            CHECK(en_gmatch_feed(m, (const uint8_t *)tok[id], len[id]) == 1,
+                  "%s: an allowed token is taken", name);
+            memcpy(text + tl, tok[id], len[id]);
+            tl += len[id];
+        }
+        en_gmatch_destroy(m);
+    }
+    long hits, misses;
+    en_gmask_stats(k, &hits, &misses);
+    CHECK(mism == 0, "%s: %d masks equal feeding each token alone (%d mismatches)", name, masks,
+          mism);
+    CHECK(stopped > 0 && whole == stopped, "%s: %d walks ended at a stop, %d of them whole "
+          "sentences", name, stopped, whole);
+    CHECK(hits > 0, "%s: the cache is used (%ld hits, %ld misses)", name, hits, misses);
+    printf("  %s: %d masks over %d tokens: %ld cache hits (%.3f ms each), %ld misses "
+           "(%.3f ms each)\n", name, masks, (int)V, hits, n_hit0 ? 1e3 * t_hit / n_hit0 : 0.0,
+           misses, n_miss0 ? 1e3 * t_miss / n_miss0 : 0.0);
+    free(allowed);
+    free(check);
+    en_gmask_destroy(k);
+}
+
+static void masks_small(void) {
+    en_grammar *g = json_grammar();
+    if (!g) return;
+    static const char *pieces[] = {"{\"", "\":", "\": ", "true", "false", "null", "tr", "ue",
+        "\\u00", "\\n", "\xc3\xa9", "\xe4\xb8\xad", "\xe4\xb8", "\xf0\x9f\x98\x80", "\xf0\x9f",
+        "\x98\x80", "123", "-0.", "e+1", "  ", "\n\n", "\"}", "]}", "},{", "[\"", "\",\"", "ab",
+        "abc", "abd", "\\u00e9", "1.5", "[]", "{}", "\"\"", ", "};
+    enum { NP = sizeof pieces / sizeof pieces[0] };
+    int32_t V = 256 + NP + 3;
+    const char **tok = calloc((size_t)V, sizeof *tok);
+    size_t *len = calloc((size_t)V, sizeof *len);
+    static char bytes[256];
+    for (int i = 0; i < 256; i++) bytes[i] = (char)i, tok[i] = bytes + i, len[i] = 1;
+    for (int i = 0; i < NP; i++) tok[256 + i] = pieces[i], len[256 + i] = strlen(pieces[i]);
+    tok[V - 3] = "", tok[V - 2] = "<special>", len[V - 2] = 0; /* never allowed */
+    tok[V - 1] = "<eos>", len[V - 1] = 5;
+    int32_t stop = V - 1;
+    walks("mask, 294 tokens", g, tok, len, V, &stop, 1, 40, 60, 0);
+    free(tok);
+    free(len);
+    en_grammar_destroy(g);
+}
+
+static void masks_smollm2(void) {
+    const char *dir = EN_SHARED_DIR "/models/smollm2/tokenizer";
+    en_tokenizer *t = NULL;
+    en_err err = {0};
+    if (en_tokenizer_load(dir, &t, &err) != EN_OK) {
+        printf("  skip the SmolLM2 vocabulary mask: %s\n", err.msg);
+        return;
+    }
+    en_grammar *g = json_grammar();
+    int32_t V = en_tokenizer_n_vocab(t);
+    char **tok = calloc((size_t)V, sizeof *tok);
+    size_t *len = calloc((size_t)V, sizeof *len);
+    const int32_t *stops = NULL;
+    int n_stop = en_tokenizer_stop_ids(t, &stops);
+    for (int32_t i = 0; i < V; i++) {
+        char buf[512];
+        long n = en_tokenizer_token_bytes(t, i, buf, sizeof buf);
+        if (n <= 0 || n > (long)sizeof buf || en_tokenizer_is_special(t, i)) continue;
+        tok[i] = malloc((size_t)n);
+        memcpy(tok[i], buf, (size_t)n);
+        len[i] = (size_t)n;
+    }
+    if (g) walks("mask, SmolLM2's 49152 tokens", g, (const char *const *)tok, len, V, stops,
+                 n_stop, 6, 40, 2000);
+    for (int32_t i = 0; i < V; i++) free(tok[i]);
+    free(tok);
+    free(len);
+    en_grammar_destroy(g);
+    en_tokenizer_destroy(t);
+}
+
 int main(void) {
     errors();
     small();
     json_cases();
+    masks_small();
+    masks_smollm2();
     return en_test_finish("test_grammar");
 }

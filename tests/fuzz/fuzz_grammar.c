@@ -8,8 +8,8 @@
  * bug. Run through tests/fuzz/run.sh (seeds in tests/fuzz/corpus/grammar/:
  * examples/grammars/json.gbnf and small grammars with inputs).
  */
-// fuzz-sources: models/grammar.c models/grammar_match.c common/status.c
-// fuzz-libs:
+// fuzz-sources: models/grammar.c models/grammar_match.c models/grammar_mask.c common/status.c
+// fuzz-libs: -lpthread
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -17,6 +17,26 @@
 #include "models/grammar.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void mask_of(const en_grammar *g, const en_gmatch *m) {
+    static const char *pieces[] = {"{\"", "\xc3", "\xa9", "\xe4\xb8", "ab", "abc",
+                                   "\xf0\x9f\x98\x80"};
+    enum { NP = sizeof pieces / sizeof pieces[0], V = 256 + NP + 1 };
+    static char bytes[256];
+    const char *tok[V];
+    size_t len[V];
+    for (int i = 0; i < 256; i++) bytes[i] = (char)i, tok[i] = bytes + i, len[i] = 1;
+    for (int i = 0; i < NP; i++) tok[256 + i] = pieces[i], len[256 + i] = strlen(pieces[i]);
+    tok[V - 1] = "", len[V - 1] = 0;
+    int32_t stop = V - 1;
+    en_gmask *k = NULL;
+    en_err err;
+    if (en_gmask_create(g, tok, len, V, &stop, 1, 2, &k, &err) != EN_OK) return;
+    uint8_t allowed[V];
+    (void)en_gmask_compute(k, m, allowed);
+    (void)en_gmask_compute(k, m, allowed); /* from the cache */
+    en_gmask_destroy(k);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *nul = memchr(data, 0, size);
@@ -40,6 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             (void)en_gmatch_accepting(m);
             (void)en_gmatch_done(m);
         }
+        mask_of(g, m);
     }
     en_gmatch_destroy(m);
     en_gmatch_destroy(c);
