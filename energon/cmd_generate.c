@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/file.h"
+#include "../models/grammar.h"
 #include "../models/sampler.h"
 #include "../tokenizer/chat.h"
 #include "../tokenizer/stop.h"
@@ -43,6 +45,11 @@ static void usage(FILE *f) {
             "                      else plain)\n"
             "  --system TEXT       system message for --chat\n"
             "  --ignore-eos        keep going past the end-of-sequence token\n"
+            "  --grammar FILE      constrain the output to a grammar (docs/grammar.md; e.g.\n"
+            "                      examples/grammars/json.gbnf): tokens the grammar cannot\n"
+            "                      take next are never sampled, end of sequence only where\n"
+            "                      the output is complete; generation stops once nothing\n"
+            "                      more can follow\n"
             "  --json              print one JSON object {text, ids, prompt_tokens,\n"
             "                      finish_reason} instead of streaming\n"
             "  --no-invariant      faster prompt reading with BLAS; by default the matmuls are\n"
@@ -127,13 +134,33 @@ static void add_stops(const en_tokenizer *tok, const en_chat_template *tmpl, int
     for (int i = 0; i < n_t && *n_stops < MAX_STOPS; i++) stops[(*n_stops)++] = ts[i];
 }
 
+/* --grammar FILE: read and parse it (errors name the file and line). */
+static int load_grammar(const char *path, en_grammar **out) {
+    char *text = NULL;
+    size_t len = 0;
+    en_err err = {0};
+    if (en_file_read_all(path, &text, &len, &err) != EN_OK) {
+        en_cli_error(CMD, "--grammar: %s", err.msg);
+        return EN_EXIT_USAGE;
+    }
+    en_status s = en_grammar_parse(text, len, NULL, out, &err);
+    en_free(text);
+    if (s != EN_OK) {
+        en_cli_error(CMD, "--grammar %s: %s", path, err.msg);
+        return EN_EXIT_USAGE;
+    }
+    return EN_EXIT_OK;
+}
+
 int en_cmd_generate(int argc, char **argv) {
+    int rc0;
     en_cli_load_opts lo = {0};
     lo.need_tokenizer = 1;
     const char *prompt = NULL;
     const char *stops[MAX_STOPS];
     int n_stops = 0, max_tokens = 128, n_ctx = 0, no_bos = 0, ignore_eos = 0, json_out = 0;
     int chat = 0, invariant = 1;
+    const char *grammar_path = NULL;
     const char *system_msg = NULL;
     const char *tmpl_value = NULL;
     en_chat_template *tmpl = NULL;
@@ -175,6 +202,8 @@ int en_cmd_generate(int argc, char **argv) {
             tmpl_value = v;
         } else if (en_cli_switch(argv, i, "--no-bos")) {
             no_bos = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--grammar", &v, &bad)) {
+            grammar_path = v;
         } else if (en_cli_switch(argv, i, "--ignore-eos")) {
             ignore_eos = 1;
         } else if (en_cli_switch(argv, i, "--json")) {
@@ -204,13 +233,24 @@ int en_cmd_generate(int argc, char **argv) {
         en_cli_error(CMD, "--chat-template needs --chat");
         return EN_EXIT_USAGE;
     }
+    if (grammar_path && ignore_eos) {
+        en_cli_error(CMD, "--grammar and --ignore-eos: the grammar decides where the output "
+                          "may end");
+        return EN_EXIT_USAGE;
+    }
+    en_grammar *grammar = NULL;
+    if (grammar_path && (rc0 = load_grammar(grammar_path, &grammar)) != EN_EXIT_OK) return rc0;
     en_cli_model cm;
     int rc = en_cli_load(CMD, &lo, &cm);
-    if (rc) return rc;
+    if (rc) {
+        en_grammar_destroy(grammar);
+        return rc;
+    }
     int32_t stop_ids[EN_TOKENIZER_MAX_STOP_IDS + 8];
     int n_stop_ids = 0;
     if (chat && (rc = en_cli_chat_template(CMD, lo.dir, tmpl_value, cm.tok, &tmpl))) {
         en_cli_unload(&cm);
+        en_grammar_destroy(grammar);
         return rc;
     }
     add_stops(cm.tok, tmpl, stop_ids, &n_stop_ids, stops, &n_stops);
@@ -221,6 +261,9 @@ int en_cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL, *out_ids = NULL;
     float *logits = NULL;
     out_sink sink = {0};
+    en_gmask *gmask = NULL;
+    en_gmatch *gm = NULL;
+    uint8_t *allowed = NULL;
     size_t n_prompt = 0;
     int n_gen = 0;
     const char *finish = "length";
@@ -286,6 +329,13 @@ int en_cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
+    if (grammar && (en_gmask_for_tokenizer(grammar, cm.tok, stop_ids, n_stop_ids, 256, &gmask,
+                                           &err) != EN_OK ||
+                    en_gmatch_create(grammar, &gm, &err) != EN_OK ||
+                    !(allowed = malloc((size_t)hp->n_vocab)))) {
+        en_cli_error(CMD, "--grammar %s: %s", grammar_path, err.msg);
+        goto done;
+    }
     logits = malloc((size_t)hp->n_vocab * sizeof(float));
     out_ids = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
     if (!logits || !out_ids) {
@@ -299,7 +349,14 @@ int en_cmd_generate(int argc, char **argv) {
     }
     double t_prefill = en_time_now() - t0;
     double t1 = en_time_now();
+    int grammar_ended = 0; /* stopped because nothing more can follow */
     for (n_gen = 0; n_gen < max_tokens;) {
+        if (gm && en_gmask_apply(gmask, gm, logits, allowed) <= 0) {
+            en_cli_error(CMD, "--grammar %s: no token of the vocabulary can continue the "
+                              "output here (a grammar needing characters the tokenizer "
+                              "cannot write?)", grammar_path);
+            goto done;
+        }
         int32_t id = en_sampler_sample(smp, logits);
         en_sampler_accept(smp, id);
         int is_stop = 0;
@@ -307,6 +364,17 @@ int en_cmd_generate(int argc, char **argv) {
         if (is_stop && !ignore_eos) {
             finish = "stop";
             break;
+        }
+        int grammar_done = 0;
+        if (gm) {
+            size_t tl;
+            const char *tb = en_gmask_token(gmask, id, &tl);
+            if (!en_gmatch_feed(gm, (const uint8_t *)tb, tl)) {
+                en_cli_error(CMD, "--grammar: internal error: token %d was allowed but "
+                                  "refused", (int)id);
+                goto done;
+            }
+            grammar_done = en_gmatch_done(gm);
         }
         out_ids[n_gen++] = id;
         const char *piece, *emit;
@@ -320,8 +388,9 @@ int en_cmd_generate(int argc, char **argv) {
             en_cli_error(CMD, "out of memory");
             goto done;
         }
-        if (stopped) {
+        if (stopped || grammar_done) {
             finish = "stop";
+            grammar_ended = !stopped;
             break;
         }
         if (n_gen == max_tokens) break;
@@ -331,15 +400,16 @@ int en_cmd_generate(int argc, char **argv) {
         }
     }
     double t_decode = en_time_now() - t1;
-    if (strcmp(finish, "stop") != 0) {
+    if (strcmp(finish, "stop") != 0 || grammar_ended) {
         /* Release what the decoder (an unfinished UTF-8 tail) and the stop
          * matcher (a possible stop-string prefix) still hold. */
         const char *piece, *emit;
         size_t plen, elen;
         en_detok_flush(dt, &piece, &plen, &err);
-        if (en_stop_push(stop, piece, plen, &emit, &elen)) finish = "stop";
+        int hit = en_stop_push(stop, piece, plen, &emit, &elen);
+        if (hit) finish = "stop";
         int ok = sink_write(&sink, emit, elen);
-        if (strcmp(finish, "stop") != 0) {
+        if (!hit) {
             en_stop_flush(stop, &emit, &elen);
             ok = ok && sink_write(&sink, emit, elen);
         }
@@ -370,6 +440,10 @@ int en_cmd_generate(int argc, char **argv) {
             t_decode, t_decode > 0 ? n_gen / t_decode : 0.0, finish);
     rc = EN_EXIT_OK;
 done:
+    free(allowed);
+    en_gmatch_destroy(gm);
+    en_gmask_destroy(gmask);
+    en_grammar_destroy(grammar);
     free(sink.buf);
     free(logits);
     free(out_ids);

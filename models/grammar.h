@@ -116,4 +116,18 @@ int en_gmask_compute(en_gmask *k, const en_gmatch *m, uint8_t *allowed);
 /* Cache figures since creation. */
 void en_gmask_stats(const en_gmask *k, long *hits, long *misses);
 
+struct en_tokenizer;
+/* en_gmask_create over a tokenizer's vocabulary: each id's bytes
+ * (en_tokenizer_token_bytes), none for special tokens, which only the stop
+ * ids among them escape. */
+en_status en_gmask_for_tokenizer(const en_grammar *g, const struct en_tokenizer *tok,
+                                 const int32_t *stop, int n_stop, int cache, en_gmask **out,
+                                 en_err *err);
+/* Token id's bytes as the mask sees them (NULL and 0 outside the
+ * vocabulary). */
+const char *en_gmask_token(const en_gmask *k, int32_t id, size_t *len);
+/* en_gmask_compute, then every refused token's logit := -inf; allowed is
+ * scratch of the vocabulary's size. Returns the allowed count (or -1). */
+int en_gmask_apply(en_gmask *k, const en_gmatch *m, float *logits, uint8_t *allowed);
+
 #endif

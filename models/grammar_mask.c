@@ -11,6 +11,7 @@
  * used dropped, since a grammar's states repeat: every character inside a
  * JSON string is the same state.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,4 +247,21 @@ void en_gmask_stats(const en_gmask *k, long *hits, long *misses) {
     pthread_mutex_lock((pthread_mutex_t *)&k->mu);
     *hits = k->hits, *misses = k->misses;
     pthread_mutex_unlock((pthread_mutex_t *)&k->mu);
+}
+
+const char *en_gmask_token(const en_gmask *k, int32_t id, size_t *len) {
+    if (id < 0 || id >= k->n) {
+        *len = 0;
+        return NULL;
+    }
+    *len = k->len[id];
+    return k->blob + k->off[id];
+}
+
+int en_gmask_apply(en_gmask *k, const en_gmatch *m, float *logits, uint8_t *allowed) {
+    int n = en_gmask_compute(k, m, allowed);
+    if (n < 0) return n;
+    for (int32_t i = 0; i < k->n; i++)
+        if (!allowed[i]) logits[i] = -INFINITY;
+    return n;
 }

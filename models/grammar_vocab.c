@@ -1,0 +1,37 @@
+/*
+ * grammar_vocab.c - a token mask builder (grammar_mask.c) over a
+ * tokenizer's vocabulary. Apart from grammar_mask.c so that the grammar
+ * code builds and fuzzes without the tokenizer.
+ */
+#include <string.h>
+
+#include "../tokenizer/tokenizer.h"
+#include "grammar.h"
+
+en_status en_gmask_for_tokenizer(const en_grammar *g, const en_tokenizer *tok,
+                                 const int32_t *stop, int n_stop, int cache, en_gmask **out,
+                                 en_err *err) {
+    const int32_t V = en_tokenizer_n_vocab(tok);
+    char **bytes = en_calloc((size_t)(V ? V : 1), sizeof *bytes);
+    size_t *lens = en_calloc((size_t)(V ? V : 1), sizeof *lens);
+    en_status s = bytes && lens ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "grammar mask: out of memory");
+    char buf[1024];
+    for (int32_t i = 0; i < V && s == EN_OK; i++) {
+        long n = en_tokenizer_token_bytes(tok, i, buf, sizeof buf);
+        if (n <= 0 || n > (long)sizeof buf || en_tokenizer_is_special(tok, i)) continue;
+        bytes[i] = en_malloc((size_t)n);
+        if (!bytes[i]) {
+            s = EN_ERR(err, EN_ERR_NOMEM, "grammar mask: out of memory");
+            break;
+        }
+        memcpy(bytes[i], buf, (size_t)n);
+        lens[i] = (size_t)n;
+    }
+    if (s == EN_OK)
+        s = en_gmask_create(g, (const char *const *)bytes, lens, V, stop, n_stop, cache, out,
+                            err);
+    for (int32_t i = 0; bytes && i < V; i++) en_free(bytes[i]);
+    en_free(bytes);
+    en_free(lens);
+    return s;
+}
