@@ -108,7 +108,13 @@ typedef struct en_gmask en_gmask;
 en_status en_gmask_create(const en_grammar *g, const char *const *bytes, const size_t *lens,
                           int32_t n, const int32_t *stop, int n_stop, int cache,
                           en_gmask **out, en_err *err);
+/* Reference-counted: create gives one reference, retain another, destroy
+ * drops one and frees on the last. */
+en_gmask *en_gmask_retain(en_gmask *k);
 void en_gmask_destroy(en_gmask *k);
+/* The last reference's release destroys the grammar too. */
+void en_gmask_own_grammar(en_gmask *k);
+const en_grammar *en_gmask_grammar(const en_gmask *k);
 /* allowed[0..n) := 1 for each token m can take next, else 0; returns how
  * many are allowed (0: a dead end, which a grammar without dead ends
  * never reaches), or -1 when out of memory. Thread-safe. */

@@ -39,6 +39,8 @@ struct en_gmask {
     int32_t *stop;
     int n_stop;
     pthread_mutex_t mu;
+    int refs;   /* under mu */
+    int own_g;  /* the last release destroys g too */
     mask_entry *cache;
     int cache_cap, cache_n;
     long tick, hits, misses;
@@ -86,7 +88,7 @@ en_status en_gmask_create(const en_grammar *g, const char *const *bytes, const s
     if (n < 0 || n_stop < 0 || cache < 0) return EN_ERR(err, EN_ERR_ARG, "grammar mask: bad sizes");
     en_gmask *k = en_calloc(1, sizeof *k);
     if (!k) return EN_ERR(err, EN_ERR_NOMEM, "grammar mask: out of memory");
-    k->g = g, k->n = n, k->cache_cap = cache;
+    k->g = g, k->n = n, k->cache_cap = cache, k->refs = 1;
     pthread_mutex_init(&k->mu, NULL);
     size_t total = 0;
     for (int32_t i = 0; i < n; i++) total += lens[i];
@@ -118,8 +120,23 @@ oom:
     return EN_ERR(err, EN_ERR_NOMEM, "grammar mask: out of memory");
 }
 
+en_gmask *en_gmask_retain(en_gmask *k) {
+    pthread_mutex_lock(&k->mu);
+    k->refs++;
+    pthread_mutex_unlock(&k->mu);
+    return k;
+}
+
+void en_gmask_own_grammar(en_gmask *k) { k->own_g = 1; }
+const en_grammar *en_gmask_grammar(const en_gmask *k) { return k->g; }
+
 void en_gmask_destroy(en_gmask *k) {
     if (!k) return;
+    pthread_mutex_lock(&k->mu);
+    int left = --k->refs;
+    pthread_mutex_unlock(&k->mu);
+    if (left > 0) return;
+    if (k->own_g) en_grammar_destroy((en_grammar *)k->g);
     for (int i = 0; i < k->cache_n; i++) {
         en_free(k->cache[i].key);
         en_free(k->cache[i].allowed);

@@ -58,6 +58,8 @@ struct en_request {
     float *emb;   /* and its vector, filled when the prompt is read */
     en_detok *dt;
     en_stop *stop;
+    en_gmatch *gm;         /* with p.gmask (a reference of ours): the output's state */
+    uint8_t *allowed;      /* and the mask's scratch (n_vocab) */
     double t_admit, t_first, t_last;
     struct en_request *next; /* waiting queue link (under e->mu) */
     /* shared, under mu */
@@ -183,6 +185,9 @@ static void request_free(en_request *r) {
     en_sampler_destroy(r->smp);
     en_detok_destroy(r->dt);
     en_stop_destroy(r->stop);
+    en_gmatch_destroy(r->gm);
+    en_free(r->allowed);
+    en_gmask_destroy(r->p.gmask); /* our reference */
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     en_free(r);
@@ -380,6 +385,9 @@ static int top_k_ids(const float *lp, int V, int k, int32_t *ids, float *vals) {
 /* A sampled token: events, text, stop conditions. Returns 1 when the
  * request is finished (and has been finished). */
 
+/* pre_id of a row whose grammar allows no token */
+#define PRE_DEAD_END (-2)
+
 /* 1 when id ends an answer: eos or another of the model's stop ids. */
 static int is_stop_id(const en_engine *e, int32_t id) {
     for (int i = 0; i < e->n_stop_ids; i++)
@@ -390,6 +398,15 @@ static int is_stop_id(const en_engine *e, int32_t id) {
 static int on_token(en_engine *e, en_request *r, float *logits, int32_t pre_id) {
     en_gen_event ev = {0};
     ev.kind = EN_EV_TOKEN;
+    if (pre_id == -1 && r->gm &&
+        en_gmask_apply(r->p.gmask, r->gm, logits, r->allowed) <= 0)
+        pre_id = PRE_DEAD_END;
+    if (pre_id == PRE_DEAD_END) {
+        /* no token can continue the grammar (one whose characters the
+         * vocabulary cannot write): end here rather than break it */
+        finish(e, r, "stop", 1);
+        return 1;
+    }
     if (r->p.logprobs) log_softmax(logits, e->lp, e->n_vocab);
     int32_t id = pre_id >= 0 ? pre_id : en_sampler_sample(r->smp, logits);
     en_sampler_accept(r->smp, id);
@@ -410,6 +427,12 @@ static int on_token(en_engine *e, en_request *r, float *logits, int32_t pre_id) 
     r->toks[r->n_tok++] = id;
     r->n_gen++;
     ev.token = id;
+    int grammar_done = 0;
+    if (r->gm) {
+        size_t tl;
+        const char *tb = en_gmask_token(r->p.gmask, id, &tl);
+        grammar_done = !en_gmatch_feed(r->gm, (const uint8_t *)tb, tl) || en_gmatch_done(r->gm);
+    }
     if (r->p.logprobs) {
         ev.logprob = e->lp[id];
         if (r->p.top_logprobs > 0)
@@ -427,6 +450,10 @@ static int on_token(en_engine *e, en_request *r, float *logits, int32_t pre_id) 
     push_event(r, &ev, out, olen);
     if (stopped) {
         finish(e, r, "stop", 0);
+        return 1;
+    }
+    if (grammar_done) { /* nothing more can follow */
+        finish(e, r, "stop", 1);
         return 1;
     }
     if (r->n_gen >= r->p.max_tokens) {
@@ -632,7 +659,11 @@ static void sample_parallel(en_engine *e, int ns) {
 #pragma omp parallel for num_threads(e->n_threads) schedule(dynamic, 1) if (np > 1)
     for (int j = 0; j < np; j++) {
         const int i = e->par[j];
-        e->pre_id[i] = en_sampler_sample(e->seq_req[i]->smp, e->seqs[i].logits);
+        en_request *r = e->seq_req[i];
+        if (r->gm && en_gmask_apply(r->p.gmask, r->gm, e->seqs[i].logits, r->allowed) <= 0)
+            e->pre_id[i] = PRE_DEAD_END;
+        else
+            e->pre_id[i] = en_sampler_sample(r->smp, e->seqs[i].logits);
     }
 }
 
@@ -876,6 +907,11 @@ void en_engine_destroy(en_engine *e) {
 
 int en_engine_n_embd(const en_engine *e) { return e->n_embd; }
 int en_engine_n_ctx(const en_engine *e) { return e->cfg.n_ctx; }
+
+int en_engine_stop_ids(const en_engine *e, const int32_t **ids) {
+    *ids = e->stop_ids;
+    return e->n_stop_ids;
+}
 en_model *en_engine_model(const en_engine *e) { return e->m; }
 const en_tokenizer *en_engine_tokenizer(const en_engine *e) { return e->tok; }
 const en_engine_config *en_engine_get_config(const en_engine *e) { return &e->cfg; }
@@ -926,6 +962,7 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     r->e = e;
     r->p = *p;
     r->p.stop = NULL;
+    r->p.gmask = NULL; /* set to our own reference below */
     r->p.adapter = NULL; /* r->adapter takes the reference once submitted */
     r->refs = 2;
     r->n_prompt = n;
@@ -955,6 +992,15 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
         size_t len = strlen(p->stop[i]);
         if (!(r->stops[i] = en_malloc(len + 1))) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         else memcpy(r->stops[i], p->stop[i], len + 1);
+    }
+    if (s == EN_OK && p->gmask && !p->embed) {
+        r->p.gmask = en_gmask_retain(p->gmask);
+        if (p->ignore_eos)
+            s = EN_ERR(err, EN_ERR_ARG, "ignore_eos with a grammar: the grammar decides where "
+                       "the output may end");
+        if (s == EN_OK) s = en_gmatch_create(en_gmask_grammar(p->gmask), &r->gm, err);
+        if (s == EN_OK && !(r->allowed = en_malloc((size_t)e->n_vocab)))
+            s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     }
     if (s == EN_OK) s = en_sampler_create(&p->sampling, e->n_vocab, &r->smp, err);
     if (s == EN_OK) s = en_detok_create(e->tok, &r->dt, err);

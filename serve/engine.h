@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "../common/status.h"
+#include "../models/grammar.h"
 #include "../models/model.h"
 #include "../models/sampler.h"
 #include "../tokenizer/tokenizer.h"
@@ -65,6 +66,9 @@ en_status en_engine_create(en_model *m, const en_tokenizer *tok, const en_engine
  * reason "cancelled". Their handles must still be released. */
 void en_engine_destroy(en_engine *e);
 int en_engine_n_ctx(const en_engine *e);
+/* The ids that end an answer (eos and the model's other stop ids); *ids
+ * is borrowed. A grammar's mask (en_gen_params.gmask) takes these. */
+int en_engine_stop_ids(const en_engine *e, const int32_t **ids);
 /* The model the engine serves (for loading adapters that fit it). */
 en_model *en_engine_model(const en_engine *e);
 int en_engine_n_embd(const en_engine *e); /* an embedding's length: the model's hidden size */
@@ -100,6 +104,13 @@ typedef struct en_gen_params {
      * when the request is freed; on failure the caller still does. NULL:
      * the base model (with its own adapter, if it has one). */
     struct en_adapter *adapter;
+    /* Constrained sampling (models/grammar.h, docs/grammar.md): a
+     * grammar's token mask over this engine's vocabulary and stop ids
+     * (en_engine_stop_ids), or NULL. Each step the refused tokens get -inf
+     * logits, the stop ids only where the output is complete, and the
+     * request ends ("stop") once nothing more can follow. The engine takes
+     * its own reference (en_gmask_retain) for the request's life. */
+    en_gmask *gmask;
 } en_gen_params;
 enum { EN_EMBED_NONE = 0, EN_EMBED_MEAN = 1, EN_EMBED_LAST = 2 };
 en_gen_params en_gen_params_default(void); /* greedy, max_tokens 16 */

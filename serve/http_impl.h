@@ -103,6 +103,12 @@ int srv_get_engine(en_server *s, en_engine **e, const en_tokenizer **tok);
 int srv_get_model(en_server *s, en_engine **e, const en_tokenizer **tok,
                   const en_chat_template **tmpl);
 const en_server_config *srv_config(const en_server *s);
+/* The shared mask of response_format "json_object", built on first use
+ * (srv_json_object_build, response_format.c) and kept until the server is
+ * freed: a new reference for the caller, or NULL with err. */
+struct en_gmask;
+struct en_gmask *srv_json_object_mask(en_server *s, en_err *err);
+struct en_gmask *srv_json_object_build(en_server *s, en_err *err);
 int64_t srv_created(const en_server *s); /* unix time the server started */
 /* A new request may start (0 while shutting down). */
 int srv_accepting(en_server *s);

@@ -7,7 +7,8 @@
  * reader. Both ways watch the client's socket while waiting and cancel the
  * engine requests when it hangs up, so its KV blocks come back at once.
  *
- * Left out: tools / function calls, response_format, logit_bias, best_of
+ * response_format (response_format.c) constrains the answer to a grammar.
+ * Left out: tools / function calls, logit_bias, best_of
  * other than n, suffix, prompt log-probabilities (echo works without
  * logprobs), several prompts in one completions request.
  */
@@ -20,6 +21,7 @@
 #include "../rag/ground.h"
 #include "chat_retrieval.h"
 #include "http_impl.h"
+#include "response_format.h"
 #include "retrieve_request.h"
 
 #define MAX_CHOICES 16
@@ -777,6 +779,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     json_t *j = NULL;
+    en_gmask *gmask = NULL; /* response_format: our reference */
     gen *g = en_calloc(1, sizeof *g);
     if (!g) return MHD_NO;
     g->srv = r->srv;
@@ -804,6 +807,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     int n_choices = g->n;
     g->n = 0;
 
+    if (response_format_parse(r->srv, j, &gmask, &e)) goto fail;
     const char *stops[EN_MAX_STOPS];
     int n_stop = 0, n_tmpl = 0;
     const char *const *tmpl_stops = NULL;
@@ -880,6 +884,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
         goto fail;
     }
     gp.max_tokens = (int)max_tokens;
+    gp.gmask = gmask; /* each request takes its own reference */
     gp.stop = stops;
     gp.n_stop = n_stop;
     gp.logprobs = g->logprobs;
@@ -913,6 +918,8 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     en_free(ids);
     json_decref(j);
     j = NULL;
+    en_gmask_destroy(gmask);
+    gmask = NULL;
 
     if (g->stream) {
         struct MHD_Response *resp =
@@ -973,6 +980,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
 fail:
     en_free(ids);
     json_decref(j);
+    en_gmask_destroy(gmask);
     gen_destroy(g);
     return http_send_error(r, &e);
 }

@@ -55,6 +55,7 @@ struct en_server {
     req_counter counters[MAX_COUNTERS];
     int n_counters;
     atomic_uint_fast64_t next_id;
+    en_gmask *json_mask; /* response_format json_object, built on first use (under mu) */
 };
 
 en_server_config en_server_config_default(void) {
@@ -500,6 +501,7 @@ static char *dup_str(const char *s) {
 
 static void free_server(en_server *s) {
     if (!s) return;
+    en_gmask_destroy(s->json_mask); /* requests still queued hold their own references */
     en_free(s->host);
     en_free(s->api_key);
     en_free(s->model_name);
@@ -613,6 +615,23 @@ void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok,
 }
 
 int en_server_port(const en_server *s) { return s->port; }
+
+en_gmask *srv_json_object_mask(en_server *s, en_err *err) {
+    pthread_mutex_lock(&s->mu);
+    en_gmask *k = s->json_mask ? en_gmask_retain(s->json_mask) : NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (k) return k;
+    /* built outside the lock (it reads the engine through srv_get_engine);
+     * of two racing builds, the first stored wins */
+    en_gmask *built = srv_json_object_build(s, err);
+    if (!built) return NULL;
+    pthread_mutex_lock(&s->mu);
+    if (!s->json_mask) s->json_mask = built, built = NULL;
+    k = en_gmask_retain(s->json_mask);
+    pthread_mutex_unlock(&s->mu);
+    en_gmask_destroy(built);
+    return k;
+}
 
 void en_server_stop(en_server *s, double grace_s) {
     if (!s) return;

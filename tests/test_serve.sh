@@ -22,6 +22,8 @@
 #   prefix_cache 16 prompts sharing ~300 tokens: cached_tokens are their shared
 #                full blocks, answers equal a --no-prefix-cache server's
 #   disconnect   a client that goes away frees its KV blocks at once
+#   response_format  json_object answers are JSON objects (or prefixes when cut),
+#                a grammar through extra_body matches its pattern (issue 16)
 #   chat_page    the chat page in headless Chromium streams the API's answer
 #   chat_cli     `energon chat` piped, against the server and in-process
 #   soak         thousands of mixed requests leave memory, threads, fds flat
@@ -138,7 +140,7 @@ hfail() {
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters"
 DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect"
-DEFAULT_SCRIPTS+=" chat_page"
+DEFAULT_SCRIPTS+=" chat_page response_format"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
 

@@ -1,0 +1,98 @@
+/*
+ * response_format.c - the "response_format" field into a grammar mask for
+ * the engine (response_format.h).
+ */
+#include "response_format.h"
+
+#include <string.h>
+
+#include "engine.h"
+
+const char en_json_object_grammar[] =
+    "root   ::= \"{\" ws ( \"}\" | member ( \",\" ws member )* \"}\" )\n"
+    "value  ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
+    "object ::= \"{\" ws ( \"}\" | member ( \",\" ws member )* \"}\" )\n"
+    "member ::= string ws \":\" ws value ws\n"
+    "array  ::= \"[\" ws ( \"]\" | value ws ( \",\" ws value ws )* \"]\" )\n"
+    "string ::= \"\\\"\" char* \"\\\"\"\n"
+    "char   ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n"
+    "number ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
+    "ws     ::= \"\\n\"? [ \\t]{0,20}\n";
+
+/* A mask of grammar text over the server's model (the caller's reference;
+ * it owns the grammar). */
+static int compile(en_server *srv, const char *text, size_t len, const char *param,
+                   en_gmask **out, oa_err *e) {
+    en_engine *eng = NULL;
+    const en_tokenizer *tok = NULL;
+    if (!srv_get_engine(srv, &eng, &tok))
+        return oa_fail(e, 503, NULL, NULL, "The model is still loading.");
+    en_err err = {0};
+    en_grammar *g = NULL;
+    if (en_grammar_parse(text, len, NULL, &g, &err) != EN_OK)
+        return oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL, param, "%s: %s", param,
+                       err.msg);
+    const int32_t *stop = NULL;
+    int n_stop = en_engine_stop_ids(eng, &stop);
+    if (en_gmask_for_tokenizer(g, tok, stop, n_stop, 256, out, &err) != EN_OK) {
+        en_grammar_destroy(g);
+        return oa_fail(e, 500, NULL, NULL, "%s", err.msg);
+    }
+    en_gmask_own_grammar(*out);
+    return 0;
+}
+
+int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa_err *e) {
+    *out = NULL;
+    const json_t *rf = json_object_get(body, "response_format");
+    if (!rf || json_is_null(rf)) return 0;
+    if (!json_is_object(rf))
+        return oa_fail(e, 400, NULL, "response_format", "response_format must be an object "
+                       "such as {\"type\": \"json_object\"}");
+    const char *type = NULL;
+    if (oa_get_str(rf, "type", "response_format.type", &type, e)) return -1;
+    if (!type)
+        return oa_fail(e, 400, NULL, "response_format.type", "response_format.type is required");
+    if (strcmp(type, "text") == 0) return 0;
+    if (strcmp(type, "json_object") == 0) {
+        en_err err = {0};
+        *out = srv_json_object_mask(srv, &err);
+        return *out ? 0 : oa_fail(e, 500, NULL, NULL, "json_object: %s", err.msg);
+    }
+    if (strcmp(type, "json_schema") == 0)
+        return oa_fail(e, 400, NULL, "response_format.json_schema", "JSON Schema in "
+                       "response_format is not supported yet; use {\"type\": \"json_object\"} "
+                       "or a grammar ({\"type\": \"grammar\", \"grammar\": ...})");
+    if (strcmp(type, "grammar") == 0) {
+        const char *text = NULL;
+        if (oa_get_str(rf, "grammar", "response_format.grammar", &text, e)) return -1;
+        if (!text)
+            return oa_fail(e, 400, NULL, "response_format.grammar", "response_format.grammar "
+                           "(the grammar text, docs/grammar.md) is required");
+        return compile(srv, text, strlen(text), "response_format.grammar", out, e);
+    }
+    return oa_fail(e, 400, NULL, "response_format.type", "response_format.type must be text, "
+                   "json_object or grammar (json_schema is not supported yet), not '%s'", type);
+}
+
+en_gmask *srv_json_object_build(en_server *srv, en_err *err) {
+    en_engine *eng = NULL;
+    const en_tokenizer *tok = NULL;
+    if (!srv_get_engine(srv, &eng, &tok)) {
+        EN_ERR(err, EN_ERR_ARG, "the model is still loading");
+        return NULL;
+    }
+    en_grammar *g = NULL;
+    if (en_grammar_parse(en_json_object_grammar, strlen(en_json_object_grammar), NULL, &g,
+                         err) != EN_OK)
+        return NULL;
+    const int32_t *stop = NULL;
+    int n_stop = en_engine_stop_ids(eng, &stop);
+    en_gmask *k = NULL;
+    if (en_gmask_for_tokenizer(g, tok, stop, n_stop, 512, &k, err) != EN_OK) {
+        en_grammar_destroy(g);
+        return NULL;
+    }
+    en_gmask_own_grammar(k);
+    return k;
+}

@@ -1,0 +1,29 @@
+/*
+ * response_format.h - the chat and completions field "response_format"
+ * (docs/grammar.md, "The server"): {"type": "text"} (no constraint),
+ * {"type": "json_object"} (one JSON object, through the server's shared
+ * grammar and mask), or {"type": "grammar", "grammar": TEXT} (an energon
+ * extension, sent with the openai client's extra_body: a grammar in
+ * docs/grammar.md's format, compiled for the request). "json_schema" is
+ * not supported yet and is refused by name.
+ */
+#ifndef EN_RESPONSE_FORMAT_H
+#define EN_RESPONSE_FORMAT_H
+
+#include <jansson.h>
+
+#include "../models/grammar.h"
+#include "http_impl.h"
+
+/* The JSON-object grammar of "json_object": one object, whitespace in it
+ * at most one line break and 20 spaces or tabs at a time (a model cannot
+ * loop on whitespace), no whitespace before or after it. */
+extern const char en_json_object_grammar[];
+
+/* *out := a mask reference the caller releases (en_gmask_destroy), or
+ * NULL when the body asks for no constraint. -1 with a 400 naming the
+ * field (response_format, response_format.type, response_format.grammar
+ * and the grammar's line) on a bad value. */
+int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa_err *e);
+
+#endif
