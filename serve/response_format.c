@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "../models/json_schema.h"
 #include "engine.h"
 
 const char en_json_object_grammar[] =
@@ -59,10 +60,24 @@ int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa
         *out = srv_json_object_mask(srv, &err);
         return *out ? 0 : oa_fail(e, 500, NULL, NULL, "json_object: %s", err.msg);
     }
-    if (strcmp(type, "json_schema") == 0)
-        return oa_fail(e, 400, NULL, "response_format.json_schema", "JSON Schema in "
-                       "response_format is not supported yet; use {\"type\": \"json_object\"} "
-                       "or a grammar ({\"type\": \"grammar\", \"grammar\": ...})");
+    if (strcmp(type, "json_schema") == 0) {
+        json_t *js = json_object_get(rf, "json_schema");
+        if (!json_is_object(js))
+            return oa_fail(e, 400, NULL, "response_format.json_schema", "response_format."
+                           "json_schema must be an object {\"name\", \"schema\", \"strict\"}");
+        json_t *schema = json_object_get(js, "schema");
+        if (!schema)
+            return oa_fail(e, 400, NULL, "response_format.json_schema.schema",
+                           "response_format.json_schema.schema is required");
+        char *text = NULL;
+        en_err err = {0};
+        if (en_json_schema_grammar_json(schema, &text, &err) != EN_OK)
+            return oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL,
+                           "response_format.json_schema.schema", "%s", err.msg);
+        int rc = compile(srv, text, strlen(text), "response_format.json_schema.schema", out, e);
+        en_free(text);
+        return rc;
+    }
     if (strcmp(type, "grammar") == 0) {
         const char *text = NULL;
         if (oa_get_str(rf, "grammar", "response_format.grammar", &text, e)) return -1;
@@ -72,7 +87,7 @@ int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa
         return compile(srv, text, strlen(text), "response_format.grammar", out, e);
     }
     return oa_fail(e, 400, NULL, "response_format.type", "response_format.type must be text, "
-                   "json_object or grammar (json_schema is not supported yet), not '%s'", type);
+                   "json_object, json_schema or grammar, not '%s'", type);
 }
 
 en_gmask *srv_json_object_build(en_server *srv, en_err *err) {

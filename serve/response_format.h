@@ -4,8 +4,9 @@
  * {"type": "json_object"} (one JSON object, through the server's shared
  * grammar and mask), or {"type": "grammar", "grammar": TEXT} (an energon
  * extension, sent with the openai client's extra_body: a grammar in
- * docs/grammar.md's format, compiled for the request). "json_schema" is
- * not supported yet and is refused by name.
+ * docs/grammar.md's format, compiled for the request), or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
+ * (models/json_schema.c; a keyword it cannot enforce is refused by name).
  */
 #ifndef EN_RESPONSE_FORMAT_H
 #define EN_RESPONSE_FORMAT_H

@@ -1,0 +1,19 @@
+/*
+ * json_schema.h - a JSON Schema into a grammar text (grammar.h's format)
+ * for constrained sampling; docs/grammar.md, "JSON Schema", lists the
+ * keywords it enforces. Others are refused (EN_ERR_ARG naming the keyword
+ * and the schema path), never ignored.
+ */
+#ifndef EN_JSON_SCHEMA_H
+#define EN_JSON_SCHEMA_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "../common/status.h"
+
+/* *grammar := the grammar text (en_malloc'd; caller en_frees). */
+en_status en_json_schema_grammar(const char *schema, size_t len, char **grammar, en_err *err);
+en_status en_json_schema_grammar_json(json_t *schema, char **grammar, en_err *err);
+
+#endif
