@@ -46,7 +46,7 @@ typedef struct en_grammar en_grammar;
 /* Limits that keep hostile grammars bounded. */
 #define EN_GRAMMAR_MAX_REPEAT 1000      /* m and n of {m,n} */
 #define EN_GRAMMAR_MAX_ELEMS (1 << 20)  /* elements over all rules */
-#define EN_GRAMMAR_MAX_STACKS 4096      /* ways a matcher follows at once */
+#define EN_GRAMMAR_MAX_STACKS 1024      /* ways a matcher follows at once */
 #define EN_GRAMMAR_MAX_DEPTH 2048       /* positions on one stack */
 
 /* Parse a grammar text of len bytes; root names the start rule (NULL:

@@ -23,6 +23,8 @@ typedef struct gset {
     int *off, *len;
     int n, cap;
     size_t npos, cap_pos;
+    int *ht;    /* open addressing over the stacks (-1 empty), for merging */
+    int ht_cap; /* a power of two, at least twice n */
 } gset;
 
 struct en_gmatch {
@@ -38,18 +40,55 @@ static void gset_free(gset *s) {
     en_free(s->pos);
     en_free(s->off);
     en_free(s->len);
+    en_free(s->ht);
     memset(s, 0, sizeof *s);
 }
 
 static int is_class(uint32_t t) { return t == EN_GE_CHAR || t == EN_GE_NCHAR || t == EN_GE_ANY; }
 static int seq_end(gpos p) { return p->type == EN_GE_END || p->type == EN_GE_ALT; }
 
+static uint64_t stack_hash(const gpos *st, int n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)(uintptr_t)st[i]) * 0x100000001B3ull;
+    return h ^ (h >> 29);
+}
+
+static void gset_clear(gset *s) {
+    s->n = 0, s->npos = 0;
+    if (s->ht) memset(s->ht, 0xff, (size_t)s->ht_cap * sizeof *s->ht);
+}
+
+/* The hash table slot of st[0..n): where it is, or the empty slot where
+ * it would go. */
+static int *ht_slot(const gset *s, const gpos *st, int n) {
+    for (uint64_t i = stack_hash(st, n);; i++) {
+        int *e = &s->ht[i & (uint64_t)(s->ht_cap - 1)];
+        if (*e < 0) return e;
+        if (s->len[*e] == n &&
+            (n == 0 || memcmp(s->pos + s->off[*e], st, (size_t)n * sizeof *st) == 0))
+            return e;
+    }
+}
+
+/* A table of twice the stacks' number at least (rebuilt when it grows). */
+static int ht_reserve(gset *s) {
+    if (s->ht && 2 * (s->n + 1) <= s->ht_cap) return 0;
+    int cap = s->ht_cap ? 2 * s->ht_cap : 32;
+    int *ht = en_malloc((size_t)cap * sizeof *ht);
+    if (!ht) return -1;
+    en_free(s->ht);
+    s->ht = ht, s->ht_cap = cap;
+    memset(ht, 0xff, (size_t)cap * sizeof *ht);
+    for (int i = 0; i < s->n; i++)
+        *ht_slot(s, s->len[i] ? s->pos + s->off[i] : NULL, s->len[i]) = i;
+    return 0;
+}
+
 /* Add stack st[0..n) unless the set has it; 0, or -1 past a limit / OOM. */
 static int gset_add(gset *s, const gpos *st, int n) {
-    for (int i = 0; i < s->n; i++)
-        if (s->len[i] == n &&
-            (n == 0 || memcmp(s->pos + s->off[i], st, (size_t)n * sizeof *st) == 0))
-            return 0;
+    if (ht_reserve(s)) return -1;
+    int *slot = ht_slot(s, st, n);
+    if (*slot >= 0) return 0;
     if (s->n >= EN_GRAMMAR_MAX_STACKS) return -1;
     if (s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 16;
@@ -70,7 +109,7 @@ static int gset_add(gset *s, const gpos *st, int n) {
     if (n) memcpy(s->pos + s->npos, st, (size_t)n * sizeof *st);
     s->off[s->n] = (int)s->npos, s->len[s->n] = n;
     s->npos += (size_t)n;
-    s->n++;
+    *slot = s->n++;
     return 0;
 }
 
@@ -138,7 +177,7 @@ static gpos class_end(gpos p) {
  * or a limit was passed. */
 static int advance_set(const en_grammar *g, const gset *in, gset *out, uint32_t cp) {
     gpos st[EN_GRAMMAR_MAX_DEPTH + 2];
-    out->n = 0, out->npos = 0;
+    gset_clear(out);
     for (int i = 0; i < in->n; i++) {
         int n = in->len[i];
         if (n == 0) continue;
@@ -199,7 +238,7 @@ en_status en_gmatch_copy(en_gmatch *dst, const en_gmatch *src) {
     dst->g = src->g;
     dst->u8_val = src->u8_val, dst->u8_need = src->u8_need, dst->u8_len = src->u8_len;
     dst->overflow = src->overflow;
-    dst->cur.n = 0, dst->cur.npos = 0;
+    gset_clear(&dst->cur);
     for (int i = 0; i < src->cur.n; i++)
         if (gset_add(&dst->cur, src->cur.len[i] ? src->cur.pos + src->cur.off[i] : NULL,
                      src->cur.len[i]))
