@@ -438,6 +438,12 @@ int en_cmd_generate(int argc, char **argv) {
                     "tokens in %.3f s (%.1f tok/s), finish: %s\n",
             n_prompt, t_prefill, t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, n_gen,
             t_decode, t_decode > 0 ? n_gen / t_decode : 0.0, finish);
+    if (gmask) {
+        long hits = 0, misses = 0;
+        en_gmask_stats(gmask, &hits, &misses);
+        fprintf(stderr, "energon generate: grammar: %ld token masks, %ld from the cache\n",
+                hits + misses, hits);
+    }
     rc = EN_EXIT_OK;
 done:
     free(allowed);
