@@ -9,16 +9,9 @@
 #include "../models/json_schema.h"
 #include "engine.h"
 
-const char en_json_object_grammar[] =
-    "root   ::= \"{\" ws ( \"}\" | member ( \",\" ws member )* \"}\" )\n"
-    "value  ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
-    "object ::= \"{\" ws ( \"}\" | member ( \",\" ws member )* \"}\" )\n"
-    "member ::= string ws \":\" ws value ws\n"
-    "array  ::= \"[\" ws ( \"]\" | value ws ( \",\" ws value ws )* \"]\" )\n"
-    "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "char   ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n"
-    "number ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-    "ws     ::= \"\\n\"? [ \\t]{0,20}\n";
+/* "json_object" is the JSON Schema of any object, compiled like any schema
+ * (models/json_schema.c: the same JSON rules, bounded whitespace). */
+static const char JSON_OBJECT_SCHEMA[] = "{\"type\": \"object\", \"additionalProperties\": true}";
 
 /* A mask of grammar text over the server's model (the caller's reference;
  * it owns the grammar). */
@@ -98,9 +91,12 @@ en_gmask *srv_json_object_build(en_server *srv, en_err *err) {
         return NULL;
     }
     en_grammar *g = NULL;
-    if (en_grammar_parse(en_json_object_grammar, strlen(en_json_object_grammar), NULL, &g,
-                         err) != EN_OK)
-        return NULL;
+    char *text = NULL;
+    en_status st = en_json_schema_grammar(JSON_OBJECT_SCHEMA, strlen(JSON_OBJECT_SCHEMA), &text,
+                                          err);
+    if (st == EN_OK) st = en_grammar_parse(text, strlen(text), NULL, &g, err);
+    en_free(text);
+    if (st != EN_OK) return NULL;
     const int32_t *stop = NULL;
     int n_stop = en_engine_stop_ids(eng, &stop);
     en_gmask *k = NULL;

@@ -16,11 +16,6 @@
 #include "../models/grammar.h"
 #include "http_impl.h"
 
-/* The JSON-object grammar of "json_object": one object, whitespace in it
- * at most one line break and 20 spaces or tabs at a time (a model cannot
- * loop on whitespace), no whitespace before or after it. */
-extern const char en_json_object_grammar[];
-
 /* *out := a mask reference the caller releases (en_gmask_destroy), or
  * NULL when the body asks for no constraint. -1 with a 400 naming the
  * field (response_format, response_format.type, response_format.grammar
