@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/utf8.h"
+
 typedef struct gvec {
     en_gelem *e;
     int n, cap;
@@ -143,20 +145,14 @@ static void skip_space(parser *p, int newlines) {
     }
 }
 
-/* One UTF-8 code point from the text; -1 for invalid UTF-8. */
+/* One UTF-8 code point from the text (validated by common/utf8.c, as
+ * prompts and training files are); -1 for invalid UTF-8. */
 static long utf8_next(parser *p) {
     const unsigned char *u = (const unsigned char *)p->s;
-    size_t left = (size_t)(p->end - p->s);
-    unsigned c = u[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || (size_t)n > left) return -1;
-    unsigned long cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (int i = 1; i < n; i++) {
-        if ((u[i] & 0xC0) != 0x80) return -1;
-        cp = (cp << 6) | (u[i] & 0x3F);
-    }
-    static const unsigned long min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_of[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
+    size_t bad, n = en_utf8_char(u, (size_t)(p->end - p->s), &bad);
+    if (n == 0) return -1;
+    unsigned long cp = n == 1 ? u[0] : u[0] & (0x7Fu >> n);
+    for (size_t i = 1; i < n; i++) cp = (cp << 6) | (u[i] & 0x3Fu);
     p->s += n;
     return (long)cp;
 }

@@ -33,8 +33,10 @@ struct en_gmatch {
     uint32_t u8_val; /* a code point's bits fed so far */
     int u8_need;     /* continuation bytes still to come */
     int u8_len;      /* bytes of that code point */
-    int overflow;    /* the last advance went past a limit */
 };
+
+/* The smallest code point of each UTF-8 length (shorter forms are overlong). */
+static const uint32_t MIN_OF_LEN[5] = {0, 0, 0x80, 0x800, 0x10000};
 
 static void gset_free(gset *s) {
     en_free(s->pos);
@@ -237,7 +239,6 @@ void en_gmatch_destroy(en_gmatch *m) {
 en_status en_gmatch_copy(en_gmatch *dst, const en_gmatch *src) {
     dst->g = src->g;
     dst->u8_val = src->u8_val, dst->u8_need = src->u8_need, dst->u8_len = src->u8_len;
-    dst->overflow = src->overflow;
     gset_clear(&dst->cur);
     for (int i = 0; i < src->cur.n; i++)
         if (gset_add(&dst->cur, src->cur.len[i] ? src->cur.pos + src->cur.off[i] : NULL,
@@ -251,44 +252,54 @@ static void swap_sets(en_gmatch *m) {
     m->cur = m->next, m->next = t;
 }
 
-/* One byte; 1 taken, 0 refused (m unchanged then, but for u8 state the
- * caller restores). */
-static int feed_byte(en_gmatch *m, uint8_t b) {
-    if (m->u8_need == 0) {
-        if (b < 0x80) {
-            if (advance(m, b)) return 0;
-            swap_sets(m);
-            return 1;
-        }
-        int n = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-        if (n == 0 || b == 0xC0 || b == 0xC1 || b > 0xF4) return 0;
-        uint32_t v = n == 2 ? b & 0x1Fu : n == 3 ? b & 0x0Fu : b & 0x07u;
-        uint32_t lo = v << (6 * (n - 1)), hi = lo | ((1u << (6 * (n - 1))) - 1);
-        static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (lo < min_of[n]) lo = min_of[n];
-        if (hi > 0x10FFFF) hi = 0x10FFFF;
-        if (lo > hi || !feasible(m, lo, hi)) return 0;
-        m->u8_val = v, m->u8_need = n - 1, m->u8_len = n;
+/* Does byte b, after m's half-fed code point, complete one? 1 with *cp
+ * (ASCII, or the last continuation byte of a valid code point), -1 when it
+ * completes an invalid one (overlong, a surrogate, past U+10FFFF), 0 when
+ * it completes none (a lead byte, an earlier continuation, a stray byte). */
+static int completes(const en_gmatch *m, uint8_t b, uint32_t *cp) {
+    if (m->u8_need == 0 && b < 0x80) {
+        *cp = b;
         return 1;
     }
-    if ((b & 0xC0) != 0x80) return 0;
-    uint32_t v = (m->u8_val << 6) | (b & 0x3Fu);
-    int need = m->u8_need - 1;
+    if (m->u8_need != 1 || (b & 0xC0) != 0x80) return 0;
+    *cp = (m->u8_val << 6) | (b & 0x3Fu);
+    if (*cp < MIN_OF_LEN[m->u8_len] || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF))
+        return -1;
+    return 1;
+}
+
+/* One byte; 1 taken, 0 refused (m is then as it was). */
+static int feed_byte(en_gmatch *m, uint8_t b) {
+    uint32_t cp;
+    int c = completes(m, b, &cp);
+    if (c < 0) return 0;
+    if (c > 0) {
+        if (advance(m, cp)) return 0;
+        swap_sets(m);
+        m->u8_val = 0, m->u8_need = 0, m->u8_len = 0;
+        return 1;
+    }
+    uint32_t v;
+    int need, len;
+    if (m->u8_need == 0) { /* a lead byte */
+        len = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        if (len == 0 || b == 0xC0 || b == 0xC1 || b > 0xF4) return 0;
+        v = len == 2 ? b & 0x1Fu : len == 3 ? b & 0x0Fu : b & 0x07u;
+        need = len - 1;
+    } else { /* a continuation byte with more to come */
+        if ((b & 0xC0) != 0x80) return 0;
+        v = (m->u8_val << 6) | (b & 0x3Fu);
+        need = m->u8_need - 1;
+        len = m->u8_len;
+    }
+    /* the code points the bytes so far can still become */
     uint32_t lo = v << (6 * need), hi = lo | ((1u << (6 * need)) - 1);
-    static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (lo < min_of[m->u8_len]) lo = min_of[m->u8_len];
+    if (lo < MIN_OF_LEN[len]) lo = MIN_OF_LEN[len];
     if (hi > 0x10FFFF) hi = 0x10FFFF;
     if (lo > hi) return 0;
-    if (need == 0) {
-        if (v >= 0xD800 && v <= 0xDFFF) return 0;
-        if (advance(m, v)) return 0;
-        swap_sets(m);
-        m->u8_need = 0;
-        return 1;
-    }
-    if (m->u8_len == 3 && need == 1 && lo >= 0xD800 && hi <= 0xDFFF) return 0;
+    if (len == 3 && need == 1 && lo >= 0xD800 && hi <= 0xDFFF) return 0;
     if (!feasible(m, lo, hi)) return 0;
-    m->u8_val = v, m->u8_need = need;
+    m->u8_val = v, m->u8_need = need, m->u8_len = len;
     return 1;
 }
 
@@ -330,14 +341,10 @@ int en_gmatch_n_stacks(const en_gmatch *m) { return m->cur.n; }
 
 int en_gmatch_step(const en_gmatch *src, uint8_t b, en_gmatch *dst) {
     dst->g = src->g;
-    int ascii = src->u8_need == 0 && b < 0x80;
-    if (ascii || (src->u8_need == 1 && (b & 0xC0) == 0x80)) {
-        /* b completes a code point: src's ways advance straight into dst's */
-        uint32_t cp = ascii ? b : (src->u8_val << 6) | (b & 0x3Fu);
-        static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (!ascii && (cp < min_of[src->u8_len] || cp > 0x10FFFF ||
-                       (cp >= 0xD800 && cp <= 0xDFFF)))
-            return 0;
+    uint32_t cp;
+    int c = completes(src, b, &cp);
+    if (c < 0) return 0;
+    if (c > 0) { /* src's ways advance straight into dst's */
         if (advance_set(src->g, &src->cur, &dst->cur, cp)) return 0;
         dst->u8_val = 0, dst->u8_need = 0, dst->u8_len = 0;
         return 1;

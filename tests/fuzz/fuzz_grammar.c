@@ -8,7 +8,7 @@
  * bug. Run through tests/fuzz/run.sh (seeds in tests/fuzz/corpus/grammar/:
  * examples/grammars/json.gbnf and small grammars with inputs).
  */
-// fuzz-sources: models/grammar.c models/grammar_match.c models/grammar_mask.c common/status.c
+// fuzz-sources: models/grammar.c models/grammar_match.c models/grammar_mask.c common/status.c common/utf8.c
 // fuzz-libs: -lpthread
 #include <stddef.h>
 #include <stdint.h>
