@@ -469,17 +469,42 @@ en_status en_json_schema_grammar(const char *text, size_t len, char **grammar, e
     return st;
 }
 
+static void refs_clear(ctx *c) {
+    for (int i = 0; i < c->n_refs; i++) en_free(c->ref_name[i]);
+    c->n_refs = 0;
+}
+
+static en_status finish(ctx *c, char **grammar, en_err *err) {
+    refs_clear(c);
+    if (c->failed || c->out.oom) {
+        en_free(c->out.s);
+        return c->failed ? (err ? err->status : EN_ERR_ARG)
+                         : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    }
+    *grammar = c->out.s;
+    return EN_OK;
+}
+
 en_status en_json_schema_grammar_json(json_t *root, char **grammar, en_err *err) {
     *grammar = NULL;
     ctx c = {.root = root, .err = err};
     int r = gen(&c, root, "");
     if (r >= 0) sb_add(&c.out, "root ::= s%d\n%s", r, PRIMITIVES);
-    for (int i = 0; i < c.n_refs; i++) en_free(c.ref_name[i]);
-    if (c.failed || c.out.oom) {
-        en_free(c.out.s);
-        return c.failed ? (err ? err->status : EN_ERR_ARG)
-                        : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    return finish(&c, grammar, err);
+}
+
+en_status en_json_schema_grammar_args(json_t *const *schemas, const char *const *where, int n,
+                                      const char *root_text, char **grammar, en_err *err) {
+    *grammar = NULL;
+    ctx c = {.err = err};
+    sb_add(&c.out, "%s", root_text);
+    for (int i = 0; i < n && !c.failed; i++) {
+        refs_clear(&c);
+        c.root = schemas[i];
+        int r = gen(&c, schemas[i], "");
+        if (r < 0) en_err_prefix(err, "%s", where[i]);
+        else sb_add(&c.out, "arg%d ::= s%d\n", i, r);
     }
-    *grammar = c.out.s;
-    return EN_OK;
+    sb_add(&c.out, "%s", PRIMITIVES);
+    return finish(&c, grammar, err);
 }

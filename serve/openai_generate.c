@@ -7,8 +7,10 @@
  * reader. Both ways watch the client's socket while waiting and cancel the
  * engine requests when it hangs up, so its KV blocks come back at once.
  *
- * response_format (response_format.c) constrains the answer to a grammar.
- * Left out: tools / function calls, logit_bias, best_of
+ * response_format (response_format.c) constrains the answer to a grammar;
+ * tools (tools.c) are rendered into the prompt and read back from answers
+ * as tool_calls (streamed: the text of a possible call is held back until
+ * the call is whole). Left out: logit_bias, best_of
  * other than n, suffix, prompt log-probabilities (echo works without
  * logprobs), several prompts in one completions request.
  */
@@ -23,6 +25,7 @@
 #include "http_impl.h"
 #include "response_format.h"
 #include "retrieve_request.h"
+#include "tools.h"
 
 #define MAX_CHOICES 16
 #define MAX_COMPLETION_LOGPROBS 5
@@ -38,6 +41,7 @@ typedef struct choice {
     size_t len, cap;
     json_t *lp;          /* chat: the "content" array; completions: the object */
     size_t text_offset;  /* completions: characters before the next token */
+    size_t sent;         /* streamed with tools: bytes of text sent as content */
 } choice;
 
 typedef struct gen {
@@ -63,6 +67,9 @@ typedef struct gen {
     int retrieval;
     en_index_hit *hits;
     int n_hits;
+    tool_req tools; /* chat: tools asked for (tools.tools borrows the body) */
+    int tool_calls; /* answers are read for calls (tools_active, kept past the body) */
+    en_rng rng;     /* tool call ids */
     /* streaming */
     char *out;
     size_t out_len, out_cap, out_pos;
@@ -207,9 +214,10 @@ static json_t *chat_message(const json_t *msg, int i, int builtin, oa_err *e) {
         return NULL;
     }
     const char *rs = json_string_value(role);
-    if (builtin && strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-        oa_fail(e, 400, NULL, p, "%s '%s' is not supported (use system, user or assistant)", p,
-                rs);
+    if (builtin && strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
+        strcmp(rs, "tool")) { /* tool turns become user turns (chat_tools.h) */
+        oa_fail(e, 400, NULL, p, "%s '%s' is not supported (use system, user, assistant or "
+                "tool)", p, rs);
         return NULL;
     }
     const json_t *c = json_object_get(msg, "content");
@@ -286,6 +294,18 @@ static int chat_prompt(const json_t *j, const en_chat_template *tmpl, const en_t
     }
     if (!(extra = chat_extra(j, e))) goto done;
     en_err err = {0};
+    json_t *prepared = NULL;
+    int tools_var = 0;
+    char field[96];
+    if (en_chat_tools_prepare(g->tools.fmt, msgs, g->tools.tools, &prepared, &tools_var, field,
+                              sizeof field, &err) != EN_OK) {
+        int oom = err.status == EN_ERR_NOMEM;
+        oa_fail(e, oom ? 500 : 400, NULL, oom ? NULL : field, "%s", err.msg);
+        goto done;
+    }
+    json_decref(msgs);
+    msgs = prepared;
+    if (!tools_var) json_object_del(extra, "tools"); /* the default format wrote them */
     if (g->n_hits) { /* the passages go in after the messages were checked */
         json_t *grounded = NULL;
         en_ground_mode mode = en_ground_mode_of(en_chat_template_source(tmpl));
@@ -495,6 +515,7 @@ static json_t *envelope(const gen *g, const char *object) {
 
 static const char *finish_name(const char *f) {
     /* The engine says "stop" for eos and stop strings, as OpenAI does. */
+    if (f && strcmp(f, "tool_calls") == 0) return f;
     return f && strcmp(f, "length") == 0 ? "length" : "stop";
 }
 
@@ -505,11 +526,21 @@ static json_t *full_answer(gen *g) {
         choice *c = &g->ch[i];
         json_t *ch = json_object();
         json_object_set_new(ch, "index", json_integer(i));
-        json_t *text = oa_json_string_lossy(c->text ? c->text : "", c->len);
+        json_t *calls = NULL;
+        size_t clen = c->len;
+        int cut = c->finish && strcmp(c->finish, "length") == 0;
+        if (g->tool_calls && en_chat_tools_parse(g->tools.fmt, c->text ? c->text : "", c->len,
+                                                 cut, &calls, &clen) > 0 && !cut)
+            c->finish = "tool_calls";
+        json_t *text = calls && clen == 0 ? json_null()
+                                          : oa_json_string_lossy(c->text ? c->text : "", clen);
         if (g->chat) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
             json_object_set_new(msg, "content", text);
+            if (calls)
+                json_object_set_new(msg, "tool_calls", tools_openai_calls(&g->tools, calls,
+                                                                          &g->rng));
             json_object_set_new(ch, "message", msg);
             json_object_set_new(ch, "logprobs",
                                 c->lp ? json_pack("{s:O}", "content", c->lp) : json_null());
@@ -565,9 +596,10 @@ static int emit_json(gen *g, json_t *o) {
 }
 
 /* One chunk for choice i: text (may be NULL), logprobs (taken, may be
- * NULL), finish reason (NULL while running), role (first chat chunk). */
-static int emit_chunk(gen *g, int i, const char *text, size_t len, json_t *lp,
-                      const char *finish, int role) {
+ * NULL), finish reason (NULL while running), role (first chat chunk);
+ * `calls` (taken, may be NULL) goes into a chat delta as "tool_calls". */
+static int emit_delta(gen *g, int i, const char *text, size_t len, json_t *lp,
+                      const char *finish, int role, json_t *calls) {
     json_t *o = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
     json_t *ch = json_object();
     json_object_set_new(ch, "index", json_integer(i));
@@ -575,6 +607,7 @@ static int emit_chunk(gen *g, int i, const char *text, size_t len, json_t *lp,
         json_t *delta = json_object();
         if (role) json_object_set_new(delta, "role", json_string("assistant"));
         if (text) json_object_set_new(delta, "content", oa_json_string_lossy(text, len));
+        if (calls) json_object_set_new(delta, "tool_calls", calls);
         json_object_set_new(ch, "delta", delta);
     } else {
         json_object_set_new(ch, "text", oa_json_string_lossy(text ? text : "", text ? len : 0));
@@ -596,6 +629,67 @@ static int emit_chunk(gen *g, int i, const char *text, size_t len, json_t *lp,
     return emit_json(g, o);
 }
 
+static int emit_chunk(gen *g, int i, const char *text, size_t len, json_t *lp,
+                      const char *finish, int role) {
+    return emit_delta(g, i, text, len, lp, finish, role, NULL);
+}
+
+/* Text for choice i. With tools, the text collects in the choice and goes
+ * out only as far as no call can start in it (en_chat_tools_safe_prefix). */
+static int emit_text(gen *g, int i, const char *text, size_t len, json_t *lp) {
+    choice *c = &g->ch[i];
+    if (!g->tool_calls) return !len && !lp ? 1 : emit_chunk(g, i, text, len, lp, NULL, 0);
+    if (len && !buf_append(&c->text, &c->len, &c->cap, text, len)) {
+        json_decref(lp);
+        return 0;
+    }
+    size_t safe = en_chat_tools_safe_prefix(g->tools.fmt, c->text, c->len);
+    if (safe <= c->sent) return lp ? emit_chunk(g, i, "", 0, lp, NULL, 0) : 1;
+    size_t from = c->sent;
+    c->sent = safe;
+    return emit_chunk(g, i, c->text + from, safe - from, lp, NULL, 0);
+}
+
+/* The end of a streamed choice with tools: its calls as OpenAI streams
+ * them (per call, a delta with the id, type and name, then one with the
+ * arguments), or the held-back text when there are none. */
+static int emit_calls_end(gen *g, int i) {
+    choice *c = &g->ch[i];
+    json_t *calls = NULL;
+    size_t clen = c->len;
+    int cut = c->finish && strcmp(c->finish, "length") == 0;
+    int n = en_chat_tools_parse(g->tools.fmt, c->text ? c->text : "", c->len, cut, &calls, &clen);
+    if (n == 0) {
+        if (c->len > c->sent && !emit_chunk(g, i, c->text + c->sent, c->len - c->sent, NULL,
+                                            NULL, 0))
+            return 0;
+        return emit_chunk(g, i, NULL, 0, NULL, finish_name(c->finish), 0);
+    }
+    if (clen > c->sent && !emit_chunk(g, i, c->text + c->sent, clen - c->sent, NULL, NULL, 0)) {
+        json_decref(calls);
+        return 0;
+    }
+    json_t *oa = tools_openai_calls(&g->tools, calls, &g->rng);
+    size_t k;
+    json_t *call;
+    json_array_foreach(oa, k, call) {
+        json_t *fn = json_object_get(call, "function");
+        json_t *head = json_pack("[{s:i,s:O,s:s,s:{s:O,s:s}}]", "index", (int)k, "id",
+                                 json_object_get(call, "id"), "type", "function", "function",
+                                 "name", json_object_get(fn, "name"), "arguments", "");
+        json_t *args = json_pack("[{s:i,s:{s:O}}]", "index", (int)k, "function", "arguments",
+                                 json_object_get(fn, "arguments"));
+        if (!emit_delta(g, i, NULL, 0, NULL, NULL, 0, head) ||
+            !emit_delta(g, i, NULL, 0, NULL, NULL, 0, args)) {
+            json_decref(oa);
+            return 0;
+        }
+    }
+    json_decref(oa);
+    if (!cut) c->finish = "tool_calls"; /* cut short: "length", with the whole calls */
+    return emit_chunk(g, i, NULL, 0, NULL, finish_name(c->finish), 0);
+}
+
 static int emit_event(gen *g, int i, const en_gen_event *ev) {
     choice *c = &g->ch[i];
     if (ev->kind == EN_EV_TOKEN) {
@@ -609,14 +703,14 @@ static int emit_event(gen *g, int i, const en_gen_event *ev) {
         }
         /* A token whose text is held back (half a character, a possible
          * stop string) sends nothing, unless its logprob must go out. */
-        if (!ev->len && !lp) return 1;
-        return emit_chunk(g, i, ev->text ? ev->text : "", ev->len, lp, NULL, 0);
+        return emit_text(g, i, ev->text ? ev->text : "", ev->len, lp);
     }
     c->done = 1;
     c->finish = ev->finish_reason;
     c->n_tokens = ev->completion_tokens;
     if (ev->cached_tokens > g->cached_tokens) g->cached_tokens = ev->cached_tokens;
-    if (ev->len && !emit_chunk(g, i, ev->text, ev->len, NULL, NULL, 0)) return 0;
+    if (ev->len && !emit_text(g, i, ev->text, ev->len, NULL)) return 0;
+    if (g->tool_calls) return emit_calls_end(g, i);
     return emit_chunk(g, i, NULL, 0, NULL, finish_name(c->finish), 0);
 }
 
@@ -832,6 +926,16 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
             g->retrieval = 1;
             if (chat_retrieve(r, j, top_k, &g->hits, &g->n_hits, &e)) goto fail;
         }
+        if (tools_parse(j, tmpl, &g->tools, &e)) goto fail;
+        if (g->tools.choice == TOOL_REQUIRED || g->tools.choice == TOOL_NAMED) {
+            if (gmask) {
+                oa_fail(&e, 400, NULL, "tool_choice", "tool_choice '%s' constrains the answer "
+                        "to a call, and response_format constrains it too: send one of them",
+                        g->tools.choice == TOOL_NAMED ? "function" : "required");
+                goto fail;
+            }
+            if (tools_mask(r->srv, &g->tools, &gmask, &e)) goto fail;
+        }
         if (chat_prompt(j, tmpl, tok, g, &ids, &n_ids, &e)) goto fail;
     } else {
         long long lp = -1;
@@ -896,6 +1000,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     g->prompt_tokens = (int)n_ids;
     r->prompt_tokens = (int)n_ids;
     if (!seeded) seed = srv_random_seed(r->srv);
+    en_rng_seed(&g->rng, srv_random_seed(r->srv));
 
     if (!srv_active_begin(r->srv)) {
         oa_fail(&e, 503, NULL, NULL, "The server is shutting down.");
@@ -915,6 +1020,8 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
         }
         g->n = i + 1;
     }
+    g->tool_calls = chat && tools_active(&g->tools);
+    g->tools.tools = NULL; /* it borrowed the body, which goes now */
     en_free(ids);
     json_decref(j);
     j = NULL;

@@ -13,10 +13,8 @@
  * (models/json_schema.c: the same JSON rules, bounded whitespace). */
 static const char JSON_OBJECT_SCHEMA[] = "{\"type\": \"object\", \"additionalProperties\": true}";
 
-/* A mask of grammar text over the server's model (the caller's reference;
- * it owns the grammar). */
-static int compile(en_server *srv, const char *text, size_t len, const char *param,
-                   en_gmask **out, oa_err *e) {
+int srv_grammar_mask(en_server *srv, const char *text, size_t len, const char *param,
+                     en_gmask **out, oa_err *e) {
     en_engine *eng = NULL;
     const en_tokenizer *tok = NULL;
     if (!srv_get_engine(srv, &eng, &tok))
@@ -67,7 +65,7 @@ int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa
         if (en_json_schema_grammar_json(schema, &text, &err) != EN_OK)
             return oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL,
                            "response_format.json_schema.schema", "%s", err.msg);
-        int rc = compile(srv, text, strlen(text), "response_format.json_schema.schema", out, e);
+        int rc = srv_grammar_mask(srv, text, strlen(text), "response_format.json_schema.schema", out, e);
         en_free(text);
         return rc;
     }
@@ -77,7 +75,7 @@ int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa
         if (!text)
             return oa_fail(e, 400, NULL, "response_format.grammar", "response_format.grammar "
                            "(the grammar text, docs/grammar.md) is required");
-        return compile(srv, text, strlen(text), "response_format.grammar", out, e);
+        return srv_grammar_mask(srv, text, strlen(text), "response_format.grammar", out, e);
     }
     return oa_fail(e, 400, NULL, "response_format.type", "response_format.type must be text, "
                    "json_object, json_schema or grammar, not '%s'", type);

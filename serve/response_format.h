@@ -22,4 +22,10 @@
  * and the grammar's line) on a bad value. */
 int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa_err *e);
 
+/* A mask of grammar text over the server's model (the caller's reference;
+ * it owns the grammar). A grammar that does not parse is a 400 naming
+ * param. */
+int srv_grammar_mask(en_server *srv, const char *text, size_t len, const char *param,
+                     en_gmask **out, oa_err *e);
+
 #endif
