@@ -24,6 +24,9 @@
 #   disconnect   a client that goes away frees its KV blocks at once
 #   response_format  json_object answers are JSON objects (or prefixes when cut),
 #                a grammar through extra_body matches its pattern (issue 16)
+#   tools        tools / tool_choice with the openai client: required calls
+#                validate against their parameters, streamed calls reassemble,
+#                hermes / llama3 / mistral templates (issue 16)
 #   chat_page    the chat page in headless Chromium streams the API's answer
 #   chat_cli     `energon chat` piped, against the server and in-process
 #   soak         thousands of mixed requests leave memory, threads, fds flat
@@ -128,7 +131,7 @@ fi
 echo "test_serve: serving at $URL ($(grep -o 'ready:.*' "$T/server-main.log" | head -1))"
 
 export EN_URL=$URL EN_SERVER_PID=$SPID EN_MODEL_DIR=$T/model EN_MODEL_NAME=$NAME EN_CTX=$CTX \
-       EN_ENERGON=$ENERGON EN_FIXTURES=$FIX EN_TMP=$T EN_ASAN=$ASAN
+       EN_ENERGON=$ENERGON EN_FIXTURES=$FIX EN_TMP=$T EN_ASAN=$ASAN EN_SHARED=${SHARED:+$(abspath "$SHARED")}
 pass=0
 fail=0
 skipped=()
@@ -140,7 +143,7 @@ hfail() {
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters"
 DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect"
-DEFAULT_SCRIPTS+=" chat_page response_format"
+DEFAULT_SCRIPTS+=" chat_page response_format tools"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
 
