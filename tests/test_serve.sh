@@ -24,6 +24,8 @@
 #   disconnect   a client that goes away frees its KV blocks at once
 #   response_format  json_object answers are JSON objects (or prefixes when cut),
 #                a grammar through extra_body matches its pattern (issue 16)
+#   schema_load  200 json_schema requests (10 schemas) with 8 plain ones in one
+#                batch: all validate, the plain ones equal alone (issue 16)
 #   tools        tools / tool_choice with the openai client: required calls
 #                validate against their parameters, streamed calls reassemble,
 #                hermes / llama3 / mistral templates (issue 16)
@@ -143,7 +145,7 @@ hfail() {
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters"
 DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect"
-DEFAULT_SCRIPTS+=" chat_page response_format tools"
+DEFAULT_SCRIPTS+=" chat_page response_format schema_load tools"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
 

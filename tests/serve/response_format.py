@@ -8,8 +8,9 @@
     what is open makes json.loads accept it); the streamed deltas join to
     the same kind of text; the unconstrained answers equal their answers
     alone (constrained neighbours change nothing for them);
-  - {"type": "json_schema"}: 10 schemas (nested objects, arrays, enums,
-    anyOf, oneOf, recursive $ref, formats, const, optional properties) x 4
+  - {"type": "json_schema"}: 11 schemas (schemas.py: nested objects,
+    arrays, enums, anyOf, oneOf, $refs and a recursive one, formats, const,
+    optional properties) x 4
     seeds, half streamed, all at once beside unconstrained requests: every
     answer ends by itself and validates with the jsonschema package;
     unsupported keywords are 400s naming them;
@@ -174,44 +175,13 @@ check(pat.fullmatch(c.choices[0].text or "") is not None and c.choices[0].finish
 # validate (jsonschema; formats uuid and email checked, date shapes only)
 import jsonschema  # noqa: E402 - installed by scripts/install-deps
 
-S = {"type": "string", "maxLength": 8}
-SCHEMAS = [
-    {"type": "object", "properties": {"name": S, "n": {"type": "integer"},
-                                      "ok": {"type": "boolean"}},
-     "required": ["name", "n", "ok"], "additionalProperties": False},
-    {"type": "object", "properties": {"user": {
-        "type": "object", "properties": {"id": {"type": "integer"},
-                                         "email": {"type": "string", "format": "email"}},
-        "required": ["id", "email"]}}, "required": ["user"]},
-    {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 4},
-    {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 5}, {"type": "null"}]},
-    {"$defs": {"node": {"type": "object", "properties": {
-        "v": {"type": "integer"},
-        "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 1}},
-        "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"},
-    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "circle"},
-                                                 "r": {"type": "number"}},
-                "required": ["kind", "r"], "additionalProperties": False},
-               {"type": "object", "properties": {"kind": {"const": "square"},
-                                                 "side": {"type": "integer"}},
-                "required": ["kind", "side"], "additionalProperties": False}]},
-    {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"},
-                                      "id": {"type": "string", "format": "uuid"},
-                                      "day": {"type": "string", "format": "date"}},
-     "required": ["when", "id", "day"], "additionalProperties": False},
-    {"type": "object", "properties": {"version": {"const": 2},
-                                      "level": {"enum": ["low", "mid", "high", None]}},
-     "required": ["version", "level"]},
-    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string",
-                                                                     "maxLength": 4},
-                                      "c": {"type": "boolean"}},
-     "required": ["b"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "number"},
-                                                                 "y": {"type": "number"}},
-                                "required": ["x", "y"], "additionalProperties": False},
-     "minItems": 2, "maxItems": 3},
-]
-checker = jsonschema.FormatChecker(formats=["uuid", "email"])
+import schemas  # noqa: E402
+from schemas import RECURSIVE  # noqa: E402
+
+SCHEMAS = schemas.SCHEMAS + [RECURSIVE]
+N_SCHEMA = 4 * len(SCHEMAS)
+
+checker = schemas.checker()
 jobs = []
 for i, sch in enumerate(SCHEMAS):
     for seed in range(4):
@@ -240,17 +210,18 @@ for i, sch in enumerate(SCHEMAS):
         valid += ok
         if not ok:
             bad.append((i, text, fin))
-check(valid == 40, "json_schema: %d of 40 answers (10 schemas x 4, half streamed) ended by "
-      "themselves and validate with jsonschema" % valid, short(bad, 400))
+check(valid == N_SCHEMA, "json_schema: %d of %d answers (11 schemas x 4, half streamed) ended by "
+      "themselves and validate with jsonschema" % (valid, N_SCHEMA), short(bad, 400))
 note("json_schema answers: %s" % short([results["s%d_0" % i][0] for i in (0, 4, 6)], 300))
 same = sum(results["q%d" % k] == alone[k] for k in range(6))
-check(same == 6, "unconstrained temperature-0 answers beside 40 schema requests equal alone "
+check(same == 6, "unconstrained temperature-0 answers beside 44 schema requests equal alone "
       "(%d/6)" % same)
 
 # bad input
 msgs = [{"role": "user", "content": "x"}]
-for what, sch, needle in [("pattern", {"type": "string", "pattern": "^a+$"}, "'pattern'"),
-                          ("minimum", {"type": "integer", "minimum": 3}, "'minimum'"),
+for what, sch, needle in [("patternProperties", {"type": "object", "patternProperties": {
+                              "^a": {"type": "integer"}}}, "'patternProperties'"),
+                          ("multipleOf", {"type": "integer", "multipleOf": 3}, "'multipleOf'"),
                           ("a wrong type", {"type": "strin"}, "'strin'"),
                           ("false", False, "accepts nothing"),
                           ("a dangling $ref", {"$ref": "#/$defs/x"}, "names no definition")]:
