@@ -13,7 +13,7 @@
 #     answer; streamed -> the same call; named, parallel and none.
 # Needs ~/.cache/energon/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (made by
 # ../shared/models/smollm2/get.sh); skipped (exit 77) with a message without
-# it or without the test venv.
+# it, without the test venv, or in a sanitizer build.
 set -u
 abspath() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 ENERGON=$(abspath "$1")
@@ -28,6 +28,12 @@ if [ ! -f "$G" ]; then
 fi
 if ! "$PY" -c 'import openai, jsonschema' 2>/dev/null; then
     echo "SKIP test_structured_smollm2: $PY lacks openai/jsonschema (scripts/install-deps)"
+    exit 77
+fi
+# A Debug + AddressSanitizer build would take many minutes over 200 answers
+# of a 135M model; test_serve runs the same scripts under it on a tiny model.
+if ldd "$ENERGON" 2>/dev/null | grep -q libasan || nm -D "$ENERGON" 2>/dev/null | grep -q __asan_init; then
+    echo "SKIP test_structured_smollm2: a sanitizer build (the release build runs it; test_serve runs its scripts under ASan)"
     exit 77
 fi
 T=$(mktemp -d /tmp/en_structured_XXXXXX)
