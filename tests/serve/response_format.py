@@ -224,6 +224,11 @@ for what, sch, needle in [("patternProperties", {"type": "object", "patternPrope
                           ("multipleOf", {"type": "integer", "multipleOf": 3}, "'multipleOf'"),
                           ("a wrong type", {"type": "strin"}, "'strin'"),
                           ("false", False, "accepts nothing"),
+                          ("an empty language (lengths)", {"type": "string", "minLength": 5,
+                                                           "maxLength": 2}, "below minLength"),
+                          ("an empty language (enum)", {"enum": []}, "non-empty"),
+                          ("an empty language (items)", {"type": "array", "minItems": 3,
+                                                         "maxItems": 1}, "below minItems"),
                           ("a dangling $ref", {"$ref": "#/$defs/x"}, "names no definition")]:
     st, js, raw = post("/v1/chat/completions", {"model": MODEL, "messages": msgs,
                                                 "response_format": {"type": "json_schema",
