@@ -863,6 +863,138 @@ static int submit_error(const en_err *err, int chat, oa_err *e) {
     }
 }
 
+/* The chat fields: logprobs, retrieval, tools (a required call's mask
+ * into *gmask, refused beside a response_format mask) and the prompt. */
+static int chat_fields(http_req *r, const json_t *j, gen *g, const en_chat_template *tmpl,
+                       en_gmask **gmask, int32_t **ids, size_t *n_ids, oa_err *e) {
+    int lp = 0;
+    long long top = 0;
+    if (oa_get_bool(j, "logprobs", NULL, &lp, e)) return -1;
+    if (oa_get_int(j, "top_logprobs", NULL, 0, EN_MAX_TOP_LOGPROBS, &top, e)) return -1;
+    if (top > 0 && !lp) {
+        oa_fail(e, 400, NULL, "top_logprobs", "top_logprobs needs logprobs set to true");
+        return -1;
+    }
+    g->logprobs = lp;
+    g->top_logprobs = (int)top;
+    int top_k = 0;
+    if (retrieval_field_parse(j, &top_k, e)) return -1;
+    if (top_k) {
+        g->retrieval = 1;
+        if (chat_retrieve(r, j, top_k, &g->hits, &g->n_hits, e)) return -1;
+    }
+    if (tools_parse(j, tmpl, &g->tools, e)) return -1;
+    if (g->tools.choice == TOOL_REQUIRED || g->tools.choice == TOOL_NAMED) {
+        if (*gmask) {
+            oa_fail(e, 400, NULL, "tool_choice", "tool_choice '%s' constrains the answer "
+                    "to a call, and response_format constrains it too: send one of them",
+                    g->tools.choice == TOOL_NAMED ? "function" : "required");
+            return -1;
+        }
+        if (tools_mask(r->srv, &g->tools, gmask, e)) return -1;
+    }
+    if (chat_prompt(j, tmpl, g->tok, g, ids, n_ids, e)) return -1;
+    return 0;
+}
+
+/* The completions fields: logprobs, echo, suffix, best_of, the prompt. */
+static int completion_fields(const json_t *j, gen *g, int n_choices, int32_t **ids,
+                             size_t *n_ids, oa_err *e) {
+    long long lp = -1;
+    int echo = 0;
+    if (oa_get_int(j, "logprobs", NULL, 0, MAX_COMPLETION_LOGPROBS, &lp, e)) return -1;
+    if (oa_get_bool(j, "echo", NULL, &echo, e)) return -1;
+    const char *suffix = NULL;
+    if (oa_get_str(j, "suffix", NULL, &suffix, e)) return -1;
+    if (suffix && *suffix) {
+        oa_fail(e, 400, NULL, "suffix", "suffix (insertion) is not supported");
+        return -1;
+    }
+    long long best_of = n_choices;
+    if (oa_get_int(j, "best_of", NULL, 1, MAX_CHOICES, &best_of, e)) return -1;
+    if (best_of != n_choices) {
+        oa_fail(e, 400, NULL, "best_of", "best_of other than n is not supported");
+        return -1;
+    }
+    if (echo && lp >= 0) {
+        oa_fail(e, 400, NULL, "echo",
+                "echo with logprobs is not supported (prompt log-probabilities are not "
+                "computed)");
+        return -1;
+    }
+    g->logprobs = lp >= 0;
+    g->top_logprobs = lp > 0 ? (int)lp : 0;
+    if (completion_prompt(j, g, echo, ids, n_ids, e)) return -1;
+    size_t echo_chars = utf8_chars(g->echo, g->echo_len);
+    for (int i = 0; i < MAX_CHOICES; i++) g->ch[i].text_offset = echo_chars;
+    return 0;
+}
+
+/* The requests are queued: stream them from MHD's content reader, or wait
+ * here, in the connection's own thread, and answer one object. Owns g. */
+static enum MHD_Result respond(http_req *r, gen *g) {
+    oa_err e = {0};
+    if (g->stream) {
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g,
+                                              stream_free);
+        if (!resp) {
+            oa_fail(&e, 500, NULL, NULL, "out of memory");
+            goto fail;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        http_add_common_headers(r, resp);
+        /* From here the stream owns g and writes the log line. */
+        r->streamed = 1;
+        r->status = 200;
+        enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+
+    /* Not streamed: wait here, in this connection's own thread. */
+    for (int i = 0; i < g->n && g->echo; i++)
+        if (!buf_append(&g->ch[i].text, &g->ch[i].len, &g->ch[i].cap, g->echo, g->echo_len)) {
+            oa_fail(&e, 500, NULL, NULL, "out of memory");
+            goto fail;
+        }
+    while (!all_done(g)) {
+        int i;
+        en_gen_event ev;
+        if (!next_event(g, &i, &ev)) break;
+        if (!collect(g, i, &ev)) {
+            cancel_all(g);
+            oa_fail(&e, 500, NULL, NULL, "out of memory");
+            goto fail;
+        }
+    }
+    if (g->aborted) {
+        int comp = 0;
+        for (int i = 0; i < g->n; i++) comp += g->ch[i].n_tokens;
+        r->completion_tokens = comp;
+        if (srv_stopping(r->srv)) {
+            oa_fail(&e, 503, NULL, NULL, "The server shut down before the answer was complete.");
+            goto fail;
+        }
+        /* Nobody is listening: close without an answer. */
+        r->status = 499;
+        r->note = "(client closed; generation cancelled)";
+        gen_destroy(g);
+        return MHD_NO;
+    }
+    json_t *ans = full_answer(g);
+    json_t *u = json_object_get(ans, "usage");
+    r->completion_tokens = (int)json_integer_value(json_object_get(u, "completion_tokens"));
+    gen_destroy(g);
+    return http_send_json(r, 200, ans);
+
+fail:
+    gen_destroy(g);
+    return http_send_error(r, &e);
+}
+
 enum MHD_Result openai_generate(http_req *r, int chat) {
     oa_err e = {0};
     en_engine *eng = NULL;
@@ -909,63 +1041,9 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     if (parse_stop(j, stops, &n_stop, EN_MAX_STOPS - n_tmpl, &e)) goto fail;
     for (int i = 0; i < n_tmpl; i++) stops[n_stop++] = tmpl_stops[i];
 
-    if (chat) {
-        int lp = 0;
-        long long top = 0;
-        if (oa_get_bool(j, "logprobs", NULL, &lp, &e)) goto fail;
-        if (oa_get_int(j, "top_logprobs", NULL, 0, EN_MAX_TOP_LOGPROBS, &top, &e)) goto fail;
-        if (top > 0 && !lp) {
-            oa_fail(&e, 400, NULL, "top_logprobs", "top_logprobs needs logprobs set to true");
-            goto fail;
-        }
-        g->logprobs = lp;
-        g->top_logprobs = (int)top;
-        int top_k = 0;
-        if (retrieval_field_parse(j, &top_k, &e)) goto fail;
-        if (top_k) {
-            g->retrieval = 1;
-            if (chat_retrieve(r, j, top_k, &g->hits, &g->n_hits, &e)) goto fail;
-        }
-        if (tools_parse(j, tmpl, &g->tools, &e)) goto fail;
-        if (g->tools.choice == TOOL_REQUIRED || g->tools.choice == TOOL_NAMED) {
-            if (gmask) {
-                oa_fail(&e, 400, NULL, "tool_choice", "tool_choice '%s' constrains the answer "
-                        "to a call, and response_format constrains it too: send one of them",
-                        g->tools.choice == TOOL_NAMED ? "function" : "required");
-                goto fail;
-            }
-            if (tools_mask(r->srv, &g->tools, &gmask, &e)) goto fail;
-        }
-        if (chat_prompt(j, tmpl, tok, g, &ids, &n_ids, &e)) goto fail;
-    } else {
-        long long lp = -1;
-        int echo = 0;
-        if (oa_get_int(j, "logprobs", NULL, 0, MAX_COMPLETION_LOGPROBS, &lp, &e)) goto fail;
-        if (oa_get_bool(j, "echo", NULL, &echo, &e)) goto fail;
-        const char *suffix = NULL;
-        if (oa_get_str(j, "suffix", NULL, &suffix, &e)) goto fail;
-        if (suffix && *suffix) {
-            oa_fail(&e, 400, NULL, "suffix", "suffix (insertion) is not supported");
-            goto fail;
-        }
-        long long best_of = n_choices;
-        if (oa_get_int(j, "best_of", NULL, 1, MAX_CHOICES, &best_of, &e)) goto fail;
-        if (best_of != n_choices) {
-            oa_fail(&e, 400, NULL, "best_of", "best_of other than n is not supported");
-            goto fail;
-        }
-        if (echo && lp >= 0) {
-            oa_fail(&e, 400, NULL, "echo",
-                    "echo with logprobs is not supported (prompt log-probabilities are not "
-                    "computed)");
-            goto fail;
-        }
-        g->logprobs = lp >= 0;
-        g->top_logprobs = lp > 0 ? (int)lp : 0;
-        if (completion_prompt(j, g, echo, &ids, &n_ids, &e)) goto fail;
-        size_t echo_chars = utf8_chars(g->echo, g->echo_len);
-        for (int i = 0; i < MAX_CHOICES; i++) g->ch[i].text_offset = echo_chars;
-    }
+    if (chat ? chat_fields(r, j, g, tmpl, &gmask, &ids, &n_ids, &e)
+             : completion_fields(j, g, n_choices, &ids, &n_ids, &e))
+        goto fail;
 
     /* The context must hold the prompt and the whole answer (the engine
      * reserves KV blocks for both when it admits the request). */
@@ -1028,61 +1106,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     en_gmask_destroy(gmask);
     gmask = NULL;
 
-    if (g->stream) {
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g,
-                                              stream_free);
-        if (!resp) {
-            oa_fail(&e, 500, NULL, NULL, "out of memory");
-            goto fail;
-        }
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        http_add_common_headers(r, resp);
-        /* From here the stream owns g and writes the log line. */
-        r->streamed = 1;
-        r->status = 200;
-        enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
-        MHD_destroy_response(resp);
-        return ret;
-    }
-
-    /* Not streamed: wait here, in this connection's own thread. */
-    for (int i = 0; i < g->n && g->echo; i++)
-        if (!buf_append(&g->ch[i].text, &g->ch[i].len, &g->ch[i].cap, g->echo, g->echo_len)) {
-            oa_fail(&e, 500, NULL, NULL, "out of memory");
-            goto fail;
-        }
-    while (!all_done(g)) {
-        int i;
-        en_gen_event ev;
-        if (!next_event(g, &i, &ev)) break;
-        if (!collect(g, i, &ev)) {
-            cancel_all(g);
-            oa_fail(&e, 500, NULL, NULL, "out of memory");
-            goto fail;
-        }
-    }
-    if (g->aborted) {
-        int comp = 0;
-        for (int i = 0; i < g->n; i++) comp += g->ch[i].n_tokens;
-        r->completion_tokens = comp;
-        if (srv_stopping(r->srv)) {
-            oa_fail(&e, 503, NULL, NULL, "The server shut down before the answer was complete.");
-            goto fail;
-        }
-        /* Nobody is listening: close without an answer. */
-        r->status = 499;
-        r->note = "(client closed; generation cancelled)";
-        gen_destroy(g);
-        return MHD_NO;
-    }
-    json_t *ans = full_answer(g);
-    json_t *u = json_object_get(ans, "usage");
-    r->completion_tokens = (int)json_integer_value(json_object_get(u, "completion_tokens"));
-    gen_destroy(g);
-    return http_send_json(r, 200, ans);
+    return respond(r, g);
 
 fail:
     en_free(ids);
