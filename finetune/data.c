@@ -15,9 +15,10 @@
  * Chat and prompt/completion records go through one call,
  * en_chat_template_render with train spans, then en_chat_render_encode: the
  * same rendering and tokenization the server uses, so a model is tuned on
- * exactly the token sequences it will be prompted with. This file checks the
- * record's shape (so that errors name the field) and leaves the text to the
- * template.
+ * exactly the token sequences it will be prompted with. Chat records with
+ * tools first go through en_chat_tools_prepare, the server's own step, for
+ * the same reason. This file checks the record's shape (so that errors name
+ * the field) and leaves the text to the template.
  *
  * What it leaves out: streaming datasets larger than memory, formats other
  * than .txt/.jsonl, per-source sampling weights.
@@ -27,6 +28,7 @@
 #include "../common/file.h"
 #include "../common/rng.h"
 #include "../common/utf8.h"
+#include "../tokenizer/chat_tools.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -268,8 +270,9 @@ static const char *check_content(const json_t *c, size_t i, int *empty, char *ms
         return NULL;
     }
     if (!json_is_array(c)) {
-        snprintf(msg, size, "messages[%zu].content must be a string or a list of text parts, got %s",
-                 i, json_type_name(c));
+        snprintf(msg, size,
+                 "messages[%zu].content must be a string or a list of text parts, got %s", i,
+                 json_type_name(c));
         return msg;
     }
     size_t k;
@@ -290,51 +293,165 @@ static const char *check_content(const json_t *c, size_t i, int *empty, char *ms
     return NULL;
 }
 
-/* {"messages": [...]} */
-static en_status jsonl_chat(loader *L, const char *path, int64_t line, json_t *messages) {
+/* The text of a content value check_content accepted, as a new string:
+ * text parts are joined without a separator, as the template renderer
+ * joins them (chat_template.c). */
+static json_t *content_text(const json_t *c) {
+    if (json_is_string(c)) return json_incref((json_t *)c);
+    size_t n = 0, k;
+    const json_t *part;
+    json_array_foreach(c, k, part) n += json_string_length(json_object_get(part, "text"));
+    char *buf = en_malloc(n + 1);
+    if (!buf) return NULL;
+    size_t at = 0;
+    json_array_foreach(c, k, part) {
+        const json_t *t = json_object_get(part, "text");
+        memcpy(buf + at, json_string_value(t), json_string_length(t));
+        at += json_string_length(t);
+    }
+    json_t *s = json_stringn(buf, at);
+    en_free(buf);
+    return s;
+}
+
+enum { MSG_OK = 0, MSG_BAD = 1, MSG_NOMEM = -1 };
+
+static int msg_bad(char *msg, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int msg_bad(char *msg, size_t size, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, size, fmt, ap);
+    va_end(ap);
+    return MSG_BAD;
+}
+
+/* Check message i and append to out the copy en_chat_tools_prepare takes,
+ * made as the server makes it (serve/openai_generate.c): content one
+ * string, and an assistant turn without content (it only calls tools)
+ * given "" for a built-in template, null for a Jinja one ("" when it has
+ * no calls either: such a turn is refused as empty). *empty: an assistant
+ * turn with nothing to train on (no content, no tool calls). MSG_BAD with
+ * what is wrong in msg, or MSG_NOMEM. */
+static int chat_message(const json_t *m, size_t i, int jinja, json_t *out, int *empty,
+                        char *msg, size_t size) {
+    if (!json_is_object(m))
+        return msg_bad(msg, size, "messages[%zu] must be an object, got %s", i,
+                       json_type_name(m));
+    const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+    const json_t *tc = json_object_get(m, "tool_calls");
+    if (!role) return msg_bad(msg, size, "messages[%zu] has no \"role\"", i);
+    if (!json_is_string(role))
+        return msg_bad(msg, size, "messages[%zu].role must be a string, got %s", i,
+                       json_type_name(role));
+    int assistant = strcmp(json_string_value(role), "assistant") == 0;
+    int calls = json_is_array(tc) && json_array_size(tc) > 0, e = 1;
+    json_t *text;
+    if (assistant && (!content || json_is_null(content))) {
+        text = jinja && calls ? json_null() : json_string(""); /* "": refused as empty */
+    } else if (!content) {
+        return msg_bad(msg, size, "messages[%zu] has no \"content\"", i);
+    } else {
+        if (check_content(content, i, &e, msg, size)) return MSG_BAD;
+        text = content_text(content);
+    }
+    *empty = assistant && e && !calls;
+    json_t *copy = json_copy((json_t *)m);
+    if (!copy || !text || json_object_set_new(copy, "content", text) != 0) {
+        if (!copy) json_decref(text);
+        json_decref(copy);
+        return MSG_NOMEM;
+    }
+    /* "tool_calls": null (API logs write it) is no calls; templates that
+     * test `'tool_calls' in message` (Llama 3.1) would take it for calls */
+    if (tc && json_is_null(tc)) json_object_del(copy, "tool_calls");
+    return json_array_append_new(out, copy) == 0 ? MSG_OK : MSG_NOMEM;
+}
+
+/* A record that has nothing to train on is refused, but the template judges
+ * roles and order first ("message 1: role ..."), as it always did. */
+static en_status chat_untrainable(loader *L, const char *path, int64_t line, const json_t *msgs,
+                                  const json_t *extra, size_t empty_at) { /* SIZE_MAX: none */
+    en_chat_render *r = NULL;
+    en_err cerr = {0};
+    if (en_chat_template_render(L->tmpl, msgs, extra, 0, 0, &r, &cerr) != EN_OK) {
+        if (cerr.status == EN_ERR_NOMEM)
+            return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
+        return bad(L, path, line, "%s", cerr.msg);
+    }
+    en_chat_render_destroy(r);
+    if (empty_at != SIZE_MAX)
+        return bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);
+    return bad(L, path, line, "no assistant message to train on");
+}
+
+/* The checked messages made ready for the template's tool format by
+ * en_chat_tools_prepare, the server's own step (tokenizer/chat_tools.h):
+ * tools and calls checked, arguments made objects, tool_call_ids matched,
+ * and for templates that do not know tools the conversation rewritten.
+ * *extra := {"tools": tools} when the template takes them as a variable. */
+static en_status chat_tools(loader *L, const char *path, int64_t line, const json_t *msgs,
+                            const json_t *tools, json_t **out, json_t **extra) {
+    char field[96];
+    en_err terr = {0};
+    int tools_var = 0;
+    *out = *extra = NULL;
+    if (en_chat_tools_check(tools, field, sizeof field, &terr) != EN_OK)
+        return bad(L, path, line, "%s", terr.msg);
+    en_tool_format f = en_chat_tool_format(L->tmpl);
+    if (en_chat_tools_prepare(f, msgs, tools, out, &tools_var, field, sizeof field, &terr) !=
+        EN_OK) {
+        if (terr.status == EN_ERR_NOMEM)
+            return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
+        return bad(L, path, line, "%s", terr.msg);
+    }
+    if (tools_var && !(*extra = json_pack("{s:O}", "tools", tools))) {
+        json_decref(*out);
+        *out = NULL;
+        return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
+    }
+    return EN_OK;
+}
+
+/* {"messages": [...]} with optional "tools": [...] */
+static en_status jsonl_chat(loader *L, const char *path, int64_t line, const json_t *messages,
+                            const json_t *tools) {
     if (!json_is_array(messages))
         return bad(L, path, line, "\"messages\" must be an array, got %s",
                    json_type_name(messages));
     size_t n = json_array_size(messages);
     if (n == 0) return bad(L, path, line, "\"messages\" is empty");
     if (n > 1000000) return bad(L, path, line, "\"messages\" has %zu entries (limit 1000000)", n);
+    json_t *msgs = json_array(), *ready = NULL, *extra = NULL;
+    if (!msgs) return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory", path, line);
     size_t empty_at = n, n_assistant = 0;
+    int jinja = en_chat_template_is_jinja(L->tmpl, NULL);
+    en_status st = EN_OK;
     for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(messages, i);
-        if (!json_is_object(m))
-            return bad(L, path, line, "messages[%zu] must be an object, got %s", i,
-                       json_type_name(m));
-        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!role || !content)
-            return bad(L, path, line, "messages[%zu] has no \"%s\"", i,
-                       role ? "content" : "role");
-        if (!json_is_string(role))
-            return bad(L, path, line, "messages[%zu].role must be a string, got %s", i,
-                       json_type_name(role));
         char msg[200];
-        int empty = 0;
-        if (check_content(content, i, &empty, msg, sizeof msg)) return bad(L, path, line, "%s", msg);
-        if (strcmp(json_string_value(role), "assistant") == 0) {
-            n_assistant++;
-            if (empty && empty_at == n) empty_at = i;
+        int empty = 0, rc = chat_message(json_array_get(messages, i), i, jinja, msgs, &empty,
+                                         msg, sizeof msg);
+        if (rc != MSG_OK) {
+            st = rc == MSG_BAD ? bad(L, path, line, "%s", msg)
+                               : EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": out of memory",
+                                        path, line);
+            goto done;
         }
+        const char *role = json_string_value(json_object_get(json_array_get(msgs, i), "role"));
+        if (strcmp(role, "assistant") == 0) n_assistant++;
+        if (empty && empty_at == n) empty_at = i;
     }
-    /* A record with nothing to train on is refused, but the template judges
-     * roles and order first ("message 1: role ..."), as before. */
-    if (empty_at < n || n_assistant == 0) {
-        en_chat_render *r = NULL;
-        en_err cerr = {0};
-        if (en_chat_template_render(L->tmpl, messages, NULL, 0, 0, &r, &cerr) != EN_OK) {
-            if (cerr.status == EN_ERR_NOMEM)
-                return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
-            return bad(L, path, line, "%s", cerr.msg);
-        }
-        en_chat_render_destroy(r);
-        if (empty_at < n)
-            return bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);
-        return bad(L, path, line, "no assistant message to train on");
-    }
-    return add_chat(L, path, line, messages, NULL);
+    st = chat_tools(L, path, line, msgs, tools, &ready, &extra);
+    if (st != EN_OK || !ready) goto done; /* an error, or the record was skipped */
+    if (empty_at < n || n_assistant == 0)
+        st = chat_untrainable(L, path, line, ready, extra, empty_at < n ? empty_at : SIZE_MAX);
+    else
+        st = add_chat(L, path, line, ready, extra);
+done:
+    json_decref(msgs);
+    json_decref(ready);
+    json_decref(extra);
+    return st;
 }
 
 /* One non-blank line of a .jsonl file. */
@@ -356,7 +473,10 @@ static en_status jsonl_record(loader *L, const char *path, int64_t line, const c
            *messages = json_object_get(root, "messages");
     int pc = prompt || completion;
     int shapes = (text != NULL) + pc + (messages != NULL);
-    if (shapes == 0) {
+    if (json_object_get(root, "tools") && !messages && shapes == 1) {
+        st = bad(L, path, line, "\"tools\" goes with \"messages\" (a %s record calls no tools)",
+                 text ? "text" : "prompt/completion");
+    } else if (shapes == 0) {
         st = bad(L, path, line,
                  "unknown record shape: expected \"text\", \"prompt\" and \"completion\", or "
                  "\"messages\"");
@@ -388,7 +508,7 @@ static en_status jsonl_record(loader *L, const char *path, int64_t line, const c
             st = add_prompt_completion(L, path, line, prompt, completion);
         }
     } else {
-        st = jsonl_chat(L, path, line, messages);
+        st = jsonl_chat(L, path, line, messages, json_object_get(root, "tools"));
     }
 done:
     json_decref(root);

@@ -16,10 +16,17 @@
  *             {"prompt": "...", "completion": "..."}
  *             {"messages": [{"role": "system|user|assistant", "content": "..."}, ...]}
  *           "content" may also be a list of {"type": "text", "text": ...}
- *           parts (joined); other message keys (tool_calls, name, ...) reach
- *           the template. Prompt/completion pairs render as [user, assistant]
+ *           parts (joined); other message keys (name, ...) reach the
+ *           template. Prompt/completion pairs render as [user, assistant]
  *           messages. Both render with cfg->chat_template (tokenizer/chat.h:
  *           the model's own Jinja template, or a built-in).
+ *           Tool use (docs/tokenizers.md): a messages record may have
+ *           "tools": [OpenAI function tools], assistant messages
+ *           "tool_calls" (then content may be absent or null) and "tool"
+ *           messages with a "tool_call_id"; the record is prepared by
+ *           en_chat_tools_prepare (tokenizer/chat_tools.h) exactly as the
+ *           server prepares a request, and the calls are trained as part of
+ *           the assistant turns.
  *
  * Tokens and loss mask. A text record is en_tokenizer_encode(add_special=1),
  * so it starts with bos exactly when the model's own tokenizer adds one
@@ -52,7 +59,8 @@
  * Errors name the place: "FILE:LINE: what is wrong" (EN_ERR_FORMAT) for
  * invalid JSON, a line that is not an object, an unknown or ambiguous record
  * shape, wrong field types, an empty text or completion, bad chat messages
- * and invalid UTF-8 (in .txt files too). With skip_bad_records such records
+ * (naming the field: "messages[2].tool_call_id ...", "tools[0].function.name
+ * ...") and invalid UTF-8 (in .txt files too). With skip_bad_records such records
  * (a document, for .txt) are skipped and counted instead. Always errors: an
  * unreadable file (EN_ERR_IO), corrupt gzip or an empty file (EN_ERR_FORMAT),
  * an unknown extension or bad config (EN_ERR_ARG), and a dataset that ends
