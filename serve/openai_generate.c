@@ -159,7 +159,8 @@ static int parse_common(const json_t *j, gen *g, en_gen_params *gp, long long *m
     return 0;
 }
 
-/* Join the text parts of a content array ("\n" between parts). */
+/* Join the text parts of a content array, without a separator: as the
+ * template renderer (chat_template.c) and so fine-tuning join them. */
 static int content_parts(const json_t *c, int i, char **owned, oa_err *e) {
     char *buf = NULL;
     size_t len = 0, cap = 0;
@@ -184,8 +185,7 @@ static int content_parts(const json_t *c, int i, char **owned, oa_err *e) {
             snprintf(p, sizeof p, "messages[%d].content[%zu].text", i, k);
             return oa_fail(e, 400, NULL, p, "%s must be a string", p);
         }
-        if ((k && !buf_append(&buf, &len, &cap, "\n", 1)) ||
-            !buf_append(&buf, &len, &cap, json_string_value(text), json_string_length(text))) {
+        if (!buf_append(&buf, &len, &cap, json_string_value(text), json_string_length(text))) {
             en_free(buf);
             return oa_fail(e, 500, NULL, NULL, "out of memory");
         }

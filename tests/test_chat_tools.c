@@ -305,6 +305,14 @@ static void check_default(void) {
     sys = json_string_value(json_object_get(json_array_get(out, 0), "content"));
     CHECK(json_array_size(out) == 2 && sys && strncmp(sys, "Be brief.\n\n", 11) == 0);
     json_decref(out);
+    /* "tool_calls": null (API logs write it on plain answers) means none */
+    json_t *m3 = json_loads("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+                            "\"content\":\"a\",\"tool_calls\":null}]", 0, NULL);
+    CHECK(en_chat_tools_prepare(EN_TOOLS_LLAMA3, m3, NULL, &out, &tv, field, sizeof field,
+                                &err) == EN_OK && out &&
+          !json_object_get(json_array_get(out, 1), "tool_calls"), "tool_calls null dropped");
+    json_decref(out);
+    json_decref(m3);
     json_decref(m2);
     json_decref(msgs);
     json_decref(tools);

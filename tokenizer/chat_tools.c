@@ -35,15 +35,14 @@ const char *en_tool_format_name(en_tool_format f) {
     }
 }
 
-static en_status bad(en_err *err, char *field, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static en_status bad(en_err *err, char *field, size_t cap, const char *fmt, ...) {
+static en_status bad(en_err *err, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static en_status bad(en_err *err, const char *field, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    (void)cap;
     return EN_ERR(err, EN_ERR_ARG, "%s %s", field, msg);
 }
 
@@ -58,28 +57,28 @@ static int name_ok(const char *s) {
 
 static en_status check_one(const json_t *t, size_t i, char *field, size_t cap, en_err *err) {
     snprintf(field, cap, "tools[%zu]", i);
-    if (!json_is_object(t)) return bad(err, field, cap, "must be an object");
+    if (!json_is_object(t)) return bad(err, field, "must be an object");
     const json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
     snprintf(field, cap, "tools[%zu].type", i);
     if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
-        return bad(err, field, cap, "must be \"function\"");
+        return bad(err, field, "must be \"function\"");
     snprintf(field, cap, "tools[%zu].function", i);
-    if (!json_is_object(fn)) return bad(err, field, cap, "must be an object");
+    if (!json_is_object(fn)) return bad(err, field, "must be an object");
     const json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description");
     const json_t *params = json_object_get(fn, "parameters"), *strict = json_object_get(fn, "strict");
     snprintf(field, cap, "tools[%zu].function.name", i);
     if (!json_is_string(name) || !name_ok(json_string_value(name)))
-        return bad(err, field, cap, "must be 1 to %d characters of a-z, A-Z, 0-9, _, - and .",
+        return bad(err, field, "must be 1 to %d characters of a-z, A-Z, 0-9, _, - and .",
                    MAX_NAME);
     snprintf(field, cap, "tools[%zu].function.description", i);
     if (desc && !json_is_null(desc) && !json_is_string(desc))
-        return bad(err, field, cap, "must be a string");
+        return bad(err, field, "must be a string");
     snprintf(field, cap, "tools[%zu].function.parameters", i);
     if (params && !json_is_null(params) && !json_is_object(params))
-        return bad(err, field, cap, "must be a JSON Schema object");
+        return bad(err, field, "must be a JSON Schema object");
     snprintf(field, cap, "tools[%zu].function.strict", i);
     if (strict && !json_is_null(strict) && !json_is_boolean(strict))
-        return bad(err, field, cap, "must be a boolean");
+        return bad(err, field, "must be a boolean");
     return EN_OK;
 }
 
@@ -90,9 +89,9 @@ static const char *tool_name(const json_t *t) {
 en_status en_chat_tools_check(const json_t *tools, char *field, size_t cap, en_err *err) {
     if (!tools || json_is_null(tools)) return EN_OK;
     snprintf(field, cap, "tools");
-    if (!json_is_array(tools)) return bad(err, field, cap, "must be a list of function tools");
+    if (!json_is_array(tools)) return bad(err, field, "must be a list of function tools");
     if (json_array_size(tools) > EN_TOOLS_MAX)
-        return bad(err, field, cap, "has %zu tools; at most %d are allowed",
+        return bad(err, field, "has %zu tools; at most %d are allowed",
                    json_array_size(tools), EN_TOOLS_MAX);
     for (size_t i = 0; i < json_array_size(tools); i++) {
         en_status st = check_one(json_array_get(tools, i), i, field, cap, err);
@@ -101,7 +100,7 @@ en_status en_chat_tools_check(const json_t *tools, char *field, size_t cap, en_e
         for (size_t k = 0; k < i; k++)
             if (strcmp(n, tool_name(json_array_get(tools, k))) == 0) {
                 snprintf(field, cap, "tools[%zu].function.name", i);
-                return bad(err, field, cap, "'%s' is also tools[%zu]'s name", n, k);
+                return bad(err, field, "'%s' is also tools[%zu]'s name", n, k);
             }
     }
     return EN_OK;
@@ -200,10 +199,10 @@ static en_status check_calls(prep *p, size_t i, const json_t *tc, json_t **calls
         if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(id) ||
             (type && !json_is_null(type) && (!json_is_string(type) ||
                                             strcmp(json_string_value(type), "function") != 0)))
-            return bad(p->err, p->field, p->cap, "must be {\"id\": ID, \"type\": \"function\", "
+            return bad(p->err, p->field, "must be {\"id\": ID, \"type\": \"function\", "
                        "\"function\": {\"name\": NAME, \"arguments\": JSON}}");
         snprintf(p->field, p->cap, "messages[%zu].tool_calls[%zu].function.name", i, k);
-        if (!json_is_string(name)) return bad(p->err, p->field, p->cap, "must be a string");
+        if (!json_is_string(name)) return bad(p->err, p->field, "must be a string");
         snprintf(p->field, p->cap, "messages[%zu].tool_calls[%zu].function.arguments", i, k);
         json_t *obj = NULL;
         if (json_is_string(args)) {
@@ -213,7 +212,7 @@ static en_status check_calls(prep *p, size_t i, const json_t *tc, json_t **calls
         }
         if (!json_is_object(obj)) {
             json_decref(obj);
-            return bad(p->err, p->field, p->cap, "must be a JSON object (or its text)");
+            return bad(p->err, p->field, "must be a JSON object (or its text)");
         }
         json_t *copy = json_deep_copy(c);
         json_object_set_new(json_object_get(copy, "function"), "arguments", obj);
@@ -230,12 +229,13 @@ static en_status prep_one(prep *p, size_t i, const json_t *m) {
     const json_t *tc = json_object_get(m, "tool_calls"), *content = json_object_get(m, "content");
     json_t *copy = json_copy((json_t *)m);
     if (!copy) return EN_ERR(p->err, EN_ERR_NOMEM, "out of memory");
+    if (tc && json_is_null(tc)) json_object_del(copy, "tool_calls"); /* null: no calls */
     en_status st = EN_OK;
     if (tc && !json_is_null(tc)) {
         json_t *calls = NULL;
         snprintf(p->field, p->cap, "messages[%zu].tool_calls", i);
         if (strcmp(role, "assistant") != 0 || !json_is_array(tc))
-            st = bad(p->err, p->field, p->cap, "must be a list, in an assistant message");
+            st = bad(p->err, p->field, "must be a list, in an assistant message");
         else st = check_calls(p, i, tc, &calls);
         if (st == EN_OK && p->f != EN_TOOLS_DEFAULT) {
             json_object_set_new(copy, "tool_calls", calls);
@@ -261,10 +261,9 @@ static en_status prep_one(prep *p, size_t i, const json_t *m) {
         const json_t *id = json_object_get(m, "tool_call_id");
         snprintf(p->field, p->cap, "messages[%zu].tool_call_id", i);
         if (!json_is_string(id))
-            st = bad(p->err, p->field, p->cap, "is required in a tool message (a string)");
+            st = bad(p->err, p->field, "is required in a tool message (a string)");
         else if (!json_object_get(p->ids, json_string_value(id)))
-            st = bad(p->err, p->field, p->cap,
-                     "'%s' is not the id of a call in an earlier assistant message",
+            st = bad(p->err, p->field, "'%s' is not the id of a call in an earlier assistant message",
                      json_string_value(id));
     }
     if (st == EN_OK && p->f == EN_TOOLS_DEFAULT && strcmp(role, "tool") == 0) {
