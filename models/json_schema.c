@@ -4,7 +4,8 @@
  * constrained sampling. Each subschema becomes a rule; objects list their
  * properties in the schema's order (required ones always, optional ones
  * maybe), arrays their items within minItems..maxItems, strings their
- * characters within minLength..maxLength or a format's shape. A keyword
+ * characters within minLength..maxLength, a format's shape or a pattern's
+ * language (regex.c), integers within their bounds as digit ranges. A keyword
  * this compiler cannot enforce is refused by name rather than ignored, so
  * a caller never gets output that breaks its schema silently.
  *
@@ -12,12 +13,14 @@
  * grammar.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "grammar.h"
 #include "json_schema.h"
+#include "regex.h"
 
 #define MAX_REFS 256
 #define MAX_NEST 64
@@ -128,7 +131,8 @@ static int known(const char *k) {
     static const char *const kw[] = {"type", "properties", "required", "additionalProperties",
                                      "items", "minItems", "maxItems", "enum", "const", "anyOf",
                                      "oneOf", "allOf", "$ref", "minLength", "maxLength",
-                                     "format", NULL};
+                                     "format", "pattern", "minimum", "maximum",
+                                     "exclusiveMinimum", "exclusiveMaximum", NULL};
     for (int i = 0; kw[i]; i++)
         if (strcmp(k, kw[i]) == 0) return 1;
     return annotation(k);
@@ -154,7 +158,29 @@ static void sb_repeat(sb *b, int m, int n) {
     else sb_add(b, "{%d,%d}", m, n);
 }
 
+/* A string whose characters are pattern's language, searched as ECMA-262
+ * does (unanchored sides take any characters), written as JSON escapes
+ * them (regex.h, EN_REGEX_JSON). */
+static int gen_pattern(ctx *c, json_t *s, json_t *pat, const char *path, int r) {
+    static const char *const beside[] = {"format", "minLength", "maxLength", NULL};
+    if (!json_is_string(pat)) return fail(c, path, "pattern must be a string");
+    for (int i = 0; beside[i]; i++)
+        if (json_object_get(s, beside[i]))
+            return fail(c, path, "pattern beside %s is not supported", beside[i]);
+    char name[32], *rules = NULL;
+    snprintf(name, sizeof name, "re%d", r);
+    en_err e = {0};
+    if (en_regex_grammar(json_string_value(pat), json_string_length(pat), name,
+                         EN_REGEX_SEARCH | EN_REGEX_JSON, &rules, &e) != EN_OK)
+        return fail(c, path, "pattern: %s", e.msg);
+    sb_add(&c->out, "s%d ::= \"\\\"\" %s \"\\\"\"\n%s", r, name, rules);
+    en_free(rules);
+    return 0;
+}
+
 static int gen_string(ctx *c, json_t *s, const char *path, int r) {
+    json_t *pat = json_object_get(s, "pattern");
+    if (pat) return gen_pattern(c, s, pat, path, r);
     json_t *f = json_object_get(s, "format");
     if (f) {
         const char *fs = json_string_value(f);
@@ -324,6 +350,156 @@ static int gen_ref(ctx *c, const char *ref, const char *path) {
     return r;
 }
 
+/* ---- number ranges ---- */
+
+#define INT_LIMIT 9999999999999999LL /* the integer rule's 16 digits */
+
+static const char *const RANGE_KEYS[] = {"minimum", "exclusiveMinimum", "maximum",
+                                         "exclusiveMaximum", NULL};
+
+/* The integer bound that RANGE_KEYS[i] sets (the least integer allowed
+ * for a lower bound, the greatest for an upper), clamped to
+ * +-(INT_LIMIT + 1): 0 when absent, 1 set, -1 failed. */
+static int int_bound(ctx *c, json_t *s, int i, const char *path, long long *v) {
+    json_t *x = json_object_get(s, RANGE_KEYS[i]);
+    if (!x) return 0;
+    if (!json_is_number(x)) return fail(c, path, "%s must be a number", RANGE_KEYS[i]);
+    const long long cap = INT_LIMIT + 1;
+    int lower = i < 2, excl = i % 2;
+    if (json_is_integer(x)) {
+        long long k = json_integer_value(x);
+        *v = (k > cap ? cap : k < -cap ? -cap : k) + (excl ? (lower ? 1 : -1) : 0);
+        return 1;
+    }
+    double d = json_real_value(x);
+    if (d >= (double)cap) *v = cap;
+    else if (d <= -(double)cap) *v = -cap;
+    else if (lower) *v = (long long)(excl ? floor(d) + 1 : ceil(d));
+    else *v = (long long)(excl ? ceil(d) - 1 : floor(d));
+    return 1;
+}
+
+static const char ZEROS[] = "0000000000000000", NINES[] = "9999999999999999";
+
+/* Alternatives matching the digit strings of length n from a to z (equal
+ * lengths, a <= z), each after the prefix pre[0..np): the first digit
+ * that differs splits them into a's tail, a run of whole decades and z's
+ * tail. */
+static void digits_range(sb *b, char *pre, int np, const char *a, const char *z, int n,
+                         int *alts) {
+    if (n > 0 && a[0] == z[0]) {
+        pre[np] = a[0];
+        digits_range(b, pre, np + 1, a + 1, z + 1, n - 1, alts);
+        return;
+    }
+    int lo_all = strncmp(a + 1, ZEROS, (size_t)(n > 0 ? n - 1 : 0)) == 0;
+    int hi_all = strncmp(z + 1, NINES, (size_t)(n > 0 ? n - 1 : 0)) == 0;
+    if (n > 0 && !lo_all) {
+        pre[np] = a[0];
+        digits_range(b, pre, np + 1, a + 1, NINES, n - 1, alts);
+    }
+    char dl = (char)(n > 0 ? a[0] + !lo_all : 0), dh = (char)(n > 0 ? z[0] - !hi_all : 0);
+    if (n == 0 || dl <= dh) {
+        sb_add(b, "%s", (*alts)++ ? " | " : "");
+        if (np) sb_add(b, "\"%.*s\"%s", np, pre, n ? " " : "");
+        if (n && dl == dh) sb_add(b, "\"%c\"", dl);
+        else if (n) sb_add(b, "[%c-%c]", dl, dh);
+        if (n > 1) sb_add(b, " [0-9]");
+        if (n > 2) sb_add(b, "{%d}", n - 1);
+    }
+    if (n > 0 && !hi_all) {
+        pre[np] = z[0];
+        digits_range(b, pre, np + 1, ZEROS, z + 1, n - 1, alts);
+    }
+}
+
+/* Alternatives for the integers lo..hi (0 <= lo <= hi <= INT_LIMIT),
+ * without leading zeros: one digit count at a time. */
+static void nonneg_range(sb *b, long long lo, long long hi, int *alts) {
+    long long p = 1;
+    for (int n = 1; n <= 16; n++, p *= 10) {
+        long long a = lo > (n == 1 ? 0 : p) ? lo : (n == 1 ? 0 : p);
+        long long z = hi < p * 10 - 1 ? hi : p * 10 - 1;
+        if (a > z) continue;
+        char sa[24], sz[24], pre[24];
+        snprintf(sa, sizeof sa, "%lld", a);
+        snprintf(sz, sizeof sz, "%lld", z);
+        digits_range(b, pre, 0, sa, sz, n, alts);
+    }
+}
+
+/* An integer within minimum..maximum (exclusive ones made inclusive). */
+static int gen_int_range(ctx *c, json_t *s, const char *path, int r) {
+    long long lo = -INT_LIMIT, hi = INT_LIMIT, v = 0;
+    for (int i = 0; RANGE_KEYS[i]; i++) {
+        int got = int_bound(c, s, i, path, &v);
+        if (got < 0) return -1;
+        if (got && i < 2 && v > lo) lo = v;
+        if (got && i >= 2 && v < hi) hi = v;
+    }
+    if (lo > hi)
+        return fail(c, path, "no integer of at most 16 digits lies within minimum..maximum "
+                    "(exclusive bounds included)");
+    sb_add(&c->out, "s%d ::= ", r);
+    int alts = 0;
+    if (lo < 0) { /* "-" and the magnitudes max(1, -hi)..-lo */
+        sb_add(&c->out, "\"-\" ( ");
+        nonneg_range(&c->out, hi < 0 ? -hi : 1, -lo, &alts);
+        sb_add(&c->out, " )");
+    }
+    if (hi >= 0) nonneg_range(&c->out, lo < 0 ? 0 : lo, hi, &alts);
+    sb_add(&c->out, "\n");
+    return 0;
+}
+
+/* A number bounded by 0 only: its sign. Zero (0, -0.0, 0e5) and positive
+ * numbers are rules of their own; a positive number's negative exponent
+ * has at most 2 digits, so that no parser rounds it to 0. */
+static int gen_num_sign(ctx *c, json_t *s, const char *path, int r) {
+    int lower = 0, upper = 0; /* 1: >= 0 / <= 0, 2: > 0 / < 0 */
+    for (int i = 0; RANGE_KEYS[i]; i++) {
+        json_t *x = json_object_get(s, RANGE_KEYS[i]);
+        if (!x) continue;
+        if (!json_is_number(x)) return fail(c, path, "%s must be a number", RANGE_KEYS[i]);
+        if (json_number_value(x) != 0)
+            return fail(c, path, "%s %g on a number cannot be enforced (only 0 can, as the "
+                        "sign; type integer takes any range)", RANGE_KEYS[i],
+                        json_number_value(x));
+        int *side = i < 2 ? &lower : &upper, k = 1 + i % 2;
+        if (k > *side) *side = k;
+    }
+    if ((lower == 2 && upper) || (upper == 2 && lower))
+        return fail(c, path, "no number lies within minimum..maximum (exclusive bounds "
+                    "included)");
+    sb_add(&c->out, "s%dz ::= \"0\" ( \".\" \"0\"{1,8} )? ( [eE] [-+]? [0-9]{1,3} )?\n", r);
+    sb_add(&c->out, "s%dp ::= ( [1-9] [0-9]{0,15} ( \".\" [0-9]{1,8} )? | \"0.\" ( ", r);
+    for (int k = 0; k < 8; k++) { /* 0.[1-9]..., 0.0[1-9]..., at most 8 digits */
+        sb_add(&c->out, "%s", k ? " | " : "");
+        if (k) sb_add(&c->out, "\"%.*s\" ", k, ZEROS);
+        sb_add(&c->out, "[1-9]");
+        if (k < 7) sb_add(&c->out, " [0-9]{0,%d}", 7 - k);
+    }
+    sb_add(&c->out, " ) ) ( [eE] ( \"+\"? [0-9]{1,3} | \"-\" [0-9]{1,2} ) )?\n");
+    sb_add(&c->out, "s%d ::= ", r);
+    if (lower == 0) sb_add(&c->out, "\"-\" s%dp", r); /* upper is 1 or 2 */
+    if (lower == 0 && upper == 1) sb_add(&c->out, " | \"-\"? s%dz", r);
+    if (lower == 1) sb_add(&c->out, "\"-\"? s%dz", r); /* -0 is 0 */
+    if (lower == 1 && upper == 0) sb_add(&c->out, " | s%dp", r);
+    if (lower == 2) sb_add(&c->out, "s%dp", r);
+    sb_add(&c->out, "\n");
+    return 0;
+}
+
+static int gen_number(ctx *c, json_t *s, const char *path, int r, int integer) {
+    int bounded = 0;
+    for (int i = 0; RANGE_KEYS[i]; i++) bounded |= json_object_get(s, RANGE_KEYS[i]) != NULL;
+    if (!bounded) {
+        sb_add(&c->out, "s%d ::= %s\n", r, integer ? "integer" : "number");
+        return 0;
+    }
+    return integer ? gen_int_range(c, s, path, r) : gen_num_sign(c, s, path, r);
+}
+
 static int gen_types(ctx *c, json_t *s, json_t *type, const char *path, int r) {
     size_t n = json_is_array(type) ? json_array_size(type) : 1;
     if (n == 0) return fail(c, path, "type is an empty array");
@@ -341,8 +517,9 @@ static int gen_types(ctx *c, json_t *s, json_t *type, const char *path, int r) {
             if (gen_object(c, s, path, q)) return -1;
         } else if (strcmp(ts, "array") == 0) {
             if (gen_array(c, s, path, q)) return -1;
-        } else if (strcmp(ts, "number") == 0 || strcmp(ts, "integer") == 0 ||
-                   strcmp(ts, "boolean") == 0 || strcmp(ts, "null") == 0) {
+        } else if (strcmp(ts, "number") == 0 || strcmp(ts, "integer") == 0) {
+            if (gen_number(c, s, path, q, ts[0] == 'i')) return -1;
+        } else if (strcmp(ts, "boolean") == 0 || strcmp(ts, "null") == 0) {
             sb_add(&c->out, "s%d ::= %s\n", q, ts);
         } else {
             return fail(c, path, "type '%s' is not a JSON Schema type", ts);
@@ -440,8 +617,12 @@ static int gen(ctx *c, json_t *s, const char *path) {
                                  ? "object"
                              : json_object_get(s, "items") ? "array"
                              : json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
-                                     json_object_get(s, "format")
+                                     json_object_get(s, "format") || json_object_get(s, "pattern")
                                  ? "string"
+                             : json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
+                                     json_object_get(s, "exclusiveMinimum") ||
+                                     json_object_get(s, "exclusiveMaximum")
+                                 ? "number"
                                  : NULL;
             if (!it) {
                 sb_add(&c->out, "s%d ::= value\n", r);

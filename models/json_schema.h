@@ -2,7 +2,9 @@
  * json_schema.h - a JSON Schema into a grammar text (grammar.h's format)
  * for constrained sampling; docs/grammar.md, "JSON Schema", lists the
  * keywords it enforces. Others are refused (EN_ERR_ARG naming the keyword
- * and the schema path), never ignored.
+ * and the schema path), never ignored. A string's `pattern` compiles
+ * through regex.h (search semantics, JSON escapes); integer bounds become
+ * digit ranges, number bounds only a sign.
  */
 #ifndef EN_JSON_SCHEMA_H
 #define EN_JSON_SCHEMA_H
