@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../models/json_schema.h"
+#include "../models/regex.h"
 #include "engine.h"
 
 /* "json_object" is the JSON Schema of any object, compiled like any schema
@@ -65,7 +66,8 @@ int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa
         if (en_json_schema_grammar_json(schema, &text, &err) != EN_OK)
             return oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL,
                            "response_format.json_schema.schema", "%s", err.msg);
-        int rc = srv_grammar_mask(srv, text, strlen(text), "response_format.json_schema.schema", out, e);
+        int rc = srv_grammar_mask(srv, text, strlen(text), "response_format.json_schema.schema",
+                                  out, e);
         en_free(text);
         return rc;
     }
@@ -77,8 +79,23 @@ int response_format_parse(en_server *srv, const json_t *body, en_gmask **out, oa
                            "(the grammar text, docs/grammar.md) is required");
         return srv_grammar_mask(srv, text, strlen(text), "response_format.grammar", out, e);
     }
+    if (strcmp(type, "regex") == 0) {
+        const char *re = NULL;
+        if (oa_get_str(rf, "regex", "response_format.regex", &re, e)) return -1;
+        if (!re)
+            return oa_fail(e, 400, NULL, "response_format.regex", "response_format.regex (a "
+                           "regular expression the whole answer must match) is required");
+        char *text = NULL;
+        en_err err = {0};
+        if (en_regex_grammar(re, strlen(re), "root", 0, &text, &err) != EN_OK)
+            return oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL,
+                           "response_format.regex", "response_format.regex: %s", err.msg);
+        int rc = srv_grammar_mask(srv, text, strlen(text), "response_format.regex", out, e);
+        en_free(text);
+        return rc;
+    }
     return oa_fail(e, 400, NULL, "response_format.type", "response_format.type must be text, "
-                   "json_object, json_schema or grammar, not '%s'", type);
+                   "json_object, json_schema, grammar or regex, not '%s'", type);
 }
 
 en_gmask *srv_json_object_build(en_server *srv, en_err *err) {

@@ -6,7 +6,9 @@
  * extension, sent with the openai client's extra_body: a grammar in
  * docs/grammar.md's format, compiled for the request), or
  * {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
- * (models/json_schema.c; a keyword it cannot enforce is refused by name).
+ * (models/json_schema.c; a keyword it cannot enforce is refused by name),
+ * or {"type": "regex", "regex": RE} (an energon extension: the whole answer
+ * matches RE, models/regex.c).
  */
 #ifndef EN_RESPONSE_FORMAT_H
 #define EN_RESPONSE_FORMAT_H

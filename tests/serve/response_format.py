@@ -8,7 +8,7 @@
     what is open makes json.loads accept it); the streamed deltas join to
     the same kind of text; the unconstrained answers equal their answers
     alone (constrained neighbours change nothing for them);
-  - {"type": "json_schema"}: 11 schemas (schemas.py: nested objects,
+  - {"type": "json_schema"}: 12 schemas (schemas.py: nested objects,
     arrays, enums, anyOf, oneOf, $refs and a recursive one, formats, const,
     optional properties) x 4
     seeds, half streamed, all at once beside unconstrained requests: every
@@ -17,8 +17,12 @@
   - {"type": "grammar", "grammar": TEXT} through extra_body: 8 answers match
     the same pattern as a Python regular expression and end with "stop";
     a completions request takes it too;
+  - {"type": "regex", "regex": RE}: 6 answers, half streamed, fullmatch RE
+    in Python's re and end with "stop";
+  - a schema with string patterns and integer ranges is one of the 12;
   - bad input is a 400 naming the field (response_format, .type, .grammar
-    with the grammar's line, .json_schema), and the server keeps answering.
+    with the grammar's line, .regex, .json_schema), and the server keeps
+    answering.
 """
 import json
 import re
@@ -170,6 +174,27 @@ c = client.completions.create(model=MODEL, prompt="The code is", max_tokens=40, 
 check(pat.fullmatch(c.choices[0].text or "") is not None and c.choices[0].finish_reason == "stop",
       "completions with a grammar: %r" % c.choices[0].text)
 
+# a regular expression through extra_body
+REGEX = r"(yes|no): [a-z]{2,8}( [0-9]{1,3})?"
+got = []
+for s in range(6):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Answer."}], temperature=1,
+              seed=s, max_tokens=40, extra_body={"response_format": {"type": "regex",
+                                                                      "regex": REGEX}})
+    if s % 2:
+        text, fin = "", None
+        for ch in client.chat.completions.create(stream=True, **kw):
+            if ch.choices:
+                text += ch.choices[0].delta.content or ""
+                fin = ch.choices[0].finish_reason or fin
+        got.append((text, fin))
+    else:
+        r = client.chat.completions.create(**kw)
+        got.append((r.choices[0].message.content, r.choices[0].finish_reason))
+ok = [g for g in got if g[1] == "stop" and re.fullmatch(REGEX, g[0] or "")]
+check(len(ok) == 6, "regex (extra_body): %d of 6 answers, half streamed, match it in Python's re "
+      "and ended by themselves" % len(ok), short(got, 300))
+
 # JSON Schema: 10 schemas x 4 seeds, half streamed, at once, beside the
 # unconstrained requests again; every answer must end by itself and
 # validate (jsonschema; formats uuid and email checked, date shapes only)
@@ -178,7 +203,14 @@ import jsonschema  # noqa: E402 - installed by scripts/install-deps
 import schemas  # noqa: E402
 from schemas import RECURSIVE  # noqa: E402
 
-SCHEMAS = schemas.SCHEMAS + [RECURSIVE]
+# string pattern and integer ranges (models/regex.c, json_schema.c)
+PATTERN = {"type": "object", "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"},
+    "qty": {"type": "integer", "minimum": 1, "maximum": 250},
+    "temp": {"type": "integer", "exclusiveMinimum": -40, "exclusiveMaximum": 60},
+    "tag": {"type": "string", "pattern": "^(red|green|blue)[0-9]?$"}},
+    "required": ["code", "qty", "temp", "tag"], "additionalProperties": False}
+SCHEMAS = schemas.SCHEMAS + [RECURSIVE, PATTERN]
 N_SCHEMA = 4 * len(SCHEMAS)
 
 checker = schemas.checker()
@@ -210,11 +242,11 @@ for i, sch in enumerate(SCHEMAS):
         valid += ok
         if not ok:
             bad.append((i, text, fin))
-check(valid == N_SCHEMA, "json_schema: %d of %d answers (11 schemas x 4, half streamed) ended by "
+check(valid == N_SCHEMA, "json_schema: %d of %d answers (12 schemas x 4, half streamed) ended by "
       "themselves and validate with jsonschema" % (valid, N_SCHEMA), short(bad, 400))
 note("json_schema answers: %s" % short([results["s%d_0" % i][0] for i in (0, 4, 6)], 300))
 same = sum(results["q%d" % k] == alone[k] for k in range(6))
-check(same == 6, "unconstrained temperature-0 answers beside 44 schema requests equal alone "
+check(same == 6, "unconstrained temperature-0 answers beside 48 schema requests equal alone "
       "(%d/6)" % same)
 
 # bad input
@@ -229,7 +261,12 @@ for what, sch, needle in [("patternProperties", {"type": "object", "patternPrope
                           ("an empty language (enum)", {"enum": []}, "non-empty"),
                           ("an empty language (items)", {"type": "array", "minItems": 3,
                                                          "maxItems": 1}, "below minItems"),
-                          ("a dangling $ref", {"$ref": "#/$defs/x"}, "names no definition")]:
+                          ("a dangling $ref", {"$ref": "#/$defs/x"}, "names no definition"),
+                          ("a pattern with a lookahead", {"type": "string",
+                                                          "pattern": "a(?=b)"}, "position 1"),
+                          ("an empty integer range", {"type": "integer", "minimum": 5,
+                                                      "maximum": 1}, "minimum"),
+                          ("a number bound", {"type": "number", "minimum": 2.5}, "minimum")]:
     st, js, raw = post("/v1/chat/completions", {"model": MODEL, "messages": msgs,
                                                 "response_format": {"type": "json_schema",
                                                 "json_schema": {"name": "x", "schema": sch}}})
@@ -247,7 +284,10 @@ BAD = [("not an object", "text", "response_format"),
        ("grammar syntax", {"type": "grammar", "grammar": 'root ::= "a"\nroot ::= "b"'},
         "response_format.grammar"),
        ("grammar undefined rule", {"type": "grammar", "grammar": "root ::= x"},
-        "response_format.grammar")]
+        "response_format.grammar"),
+       ("regex missing", {"type": "regex"}, "response_format.regex"),
+       ("regex with a backreference", {"type": "regex", "regex": "(a)\\1"},
+        "response_format.regex")]
 for what, rf, param in BAD:
     st, js, raw = post("/v1/chat/completions", {"model": MODEL, "messages": msgs,
                                                 "response_format": rf})
