@@ -14,6 +14,7 @@
 
 #include "../common/file.h"
 #include "../models/grammar.h"
+#include "../models/json_schema.h"
 #include "../models/sampler.h"
 #include "../tokenizer/chat.h"
 #include "../tokenizer/stop.h"
@@ -50,6 +51,11 @@ static void usage(FILE *f) {
             "                      take next are never sampled, end of sequence only where\n"
             "                      the output is complete; generation stops once nothing\n"
             "                      more can follow\n"
+            "  --json-schema FILE  constrain the output to a JSON Schema (docs/grammar.md,\n"
+            "                      \"JSON Schema\"), compiled to a grammar as the server's\n"
+            "                      response_format json_schema is\n"
+            "  --print-grammar     print the grammar text of --grammar or --json-schema and\n"
+            "                      exit (needs neither --model nor --prompt)\n"
             "  --json              print one JSON object {text, ids, prompt_tokens,\n"
             "                      finish_reason} instead of streaming\n"
             "  --no-invariant      faster prompt reading with BLAS; by default the matmuls are\n"
@@ -134,22 +140,47 @@ static void add_stops(const en_tokenizer *tok, const en_chat_template *tmpl, int
     for (int i = 0; i < n_t && *n_stops < MAX_STOPS; i++) stops[(*n_stops)++] = ts[i];
 }
 
-/* --grammar FILE: read and parse it (errors name the file and line). */
-static int load_grammar(const char *path, en_grammar **out) {
-    char *text = NULL;
+/* --grammar FILE or (schema) --json-schema FILE: read it, compile a schema
+ * to a grammar text, and parse that (errors name the option, the file and
+ * the line); with print, write the grammar text to stdout instead. */
+static int load_grammar(const char *path, int schema, int print, en_grammar **out) {
+    const char *opt = schema ? "--json-schema" : "--grammar";
+    char *text = NULL, *gtext = NULL;
     size_t len = 0;
     en_err err = {0};
     if (en_file_read_all(path, &text, &len, &err) != EN_OK) {
-        en_cli_error(CMD, "--grammar: %s", err.msg);
+        en_cli_error(CMD, "%s: %s", opt, err.msg);
         return EN_EXIT_USAGE;
     }
-    en_status s = en_grammar_parse(text, len, NULL, out, &err);
+    en_status s = EN_OK;
+    if (schema) {
+        s = en_json_schema_grammar(text, len, &gtext, &err);
+        en_free(text);
+        text = gtext;
+        len = text ? strlen(text) : 0;
+    }
+    if (s == EN_OK && print) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    } else if (s == EN_OK) {
+        s = en_grammar_parse(text, len, NULL, out, &err);
+    }
     en_free(text);
     if (s != EN_OK) {
-        en_cli_error(CMD, "--grammar %s: %s", path, err.msg);
-        return EN_EXIT_USAGE;
+        en_cli_error(CMD, "%s %s: %s", opt, path, err.msg);
+        return s == EN_ERR_NOMEM ? EN_EXIT_ERROR : EN_EXIT_USAGE;
     }
     return EN_EXIT_OK;
+}
+
+/* --grammar and --json-schema are one constraint: at most one, once. */
+static int grammar_once(const char **path, const char *v) {
+    if (*path) {
+        en_cli_error(CMD, "--grammar and --json-schema: give one of them, once");
+        return 0;
+    }
+    *path = v;
+    return 1;
 }
 
 int en_cmd_generate(int argc, char **argv) {
@@ -161,6 +192,7 @@ int en_cmd_generate(int argc, char **argv) {
     int n_stops = 0, max_tokens = 128, n_ctx = 0, no_bos = 0, ignore_eos = 0, json_out = 0;
     int chat = 0, invariant = 1;
     const char *grammar_path = NULL;
+    int grammar_schema = 0, print_grammar = 0;
     const char *system_msg = NULL;
     const char *tmpl_value = NULL;
     en_chat_template *tmpl = NULL;
@@ -203,7 +235,12 @@ int en_cmd_generate(int argc, char **argv) {
         } else if (en_cli_switch(argv, i, "--no-bos")) {
             no_bos = 1;
         } else if (en_cli_flag(argc, argv, &i, "--grammar", &v, &bad)) {
-            grammar_path = v;
+            bad = bad || !grammar_once(&grammar_path, v);
+        } else if (en_cli_flag(argc, argv, &i, "--json-schema", &v, &bad)) {
+            bad = bad || !grammar_once(&grammar_path, v);
+            grammar_schema = 1;
+        } else if (en_cli_switch(argv, i, "--print-grammar")) {
+            print_grammar = 1;
         } else if (en_cli_switch(argv, i, "--ignore-eos")) {
             ignore_eos = 1;
         } else if (en_cli_switch(argv, i, "--json")) {
@@ -216,6 +253,13 @@ int en_cmd_generate(int argc, char **argv) {
         }
     }
     if (bad) return EN_EXIT_USAGE;
+    if (print_grammar) {
+        if (!grammar_path) {
+            en_cli_error(CMD, "--print-grammar needs --grammar or --json-schema");
+            return EN_EXIT_USAGE;
+        }
+        return load_grammar(grammar_path, grammar_schema, 1, NULL);
+    }
     if (!prompt) {
         en_cli_error(CMD, "--prompt TEXT is required (see energon generate --help)");
         return EN_EXIT_USAGE;
@@ -239,7 +283,9 @@ int en_cmd_generate(int argc, char **argv) {
         return EN_EXIT_USAGE;
     }
     en_grammar *grammar = NULL;
-    if (grammar_path && (rc0 = load_grammar(grammar_path, &grammar)) != EN_EXIT_OK) return rc0;
+    if (grammar_path &&
+        (rc0 = load_grammar(grammar_path, grammar_schema, 0, &grammar)) != EN_EXIT_OK)
+        return rc0;
     en_cli_model cm;
     int rc = en_cli_load(CMD, &lo, &cm);
     if (rc) {
@@ -336,6 +382,8 @@ int en_cmd_generate(int argc, char **argv) {
         en_cli_error(CMD, "--grammar %s: %s", grammar_path, err.msg);
         goto done;
     }
+    /* the backend's threads idle while a mask is walked: lend them */
+    if (gmask) en_gmask_set_threads(gmask, en_backend_n_threads(cm.be));
     logits = malloc((size_t)hp->n_vocab * sizeof(float));
     out_ids = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
     if (!logits || !out_ids) {
@@ -350,13 +398,16 @@ int en_cmd_generate(int argc, char **argv) {
     double t_prefill = en_time_now() - t0;
     double t1 = en_time_now();
     int grammar_ended = 0; /* stopped because nothing more can follow */
+    double t_grammar = 0;  /* in masks and the matcher */
     for (n_gen = 0; n_gen < max_tokens;) {
+        double tg = gm ? en_time_now() : 0;
         if (gm && en_gmask_apply(gmask, gm, logits, allowed) <= 0) {
             en_cli_error(CMD, "--grammar %s: no token of the vocabulary can continue the "
                               "output here (a grammar needing characters the tokenizer "
                               "cannot write?)", grammar_path);
             goto done;
         }
+        if (gm) t_grammar += en_time_now() - tg;
         int32_t id = en_sampler_sample(smp, logits);
         en_sampler_accept(smp, id);
         int is_stop = 0;
@@ -367,6 +418,7 @@ int en_cmd_generate(int argc, char **argv) {
         }
         int grammar_done = 0;
         if (gm) {
+            tg = en_time_now();
             size_t tl;
             const char *tb = en_gmask_token(gmask, id, &tl);
             if (!en_gmatch_feed(gm, (const uint8_t *)tb, tl)) {
@@ -376,6 +428,7 @@ int en_cmd_generate(int argc, char **argv) {
             }
             grammar_done = en_gmatch_done(gm);
         }
+        if (gm) t_grammar += en_time_now() - tg;
         out_ids[n_gen++] = id;
         const char *piece, *emit;
         size_t plen, elen;
@@ -441,8 +494,9 @@ int en_cmd_generate(int argc, char **argv) {
     if (gmask) {
         long hits = 0, misses = 0;
         en_gmask_stats(gmask, &hits, &misses);
-        fprintf(stderr, "energon generate: grammar: %ld token masks, %ld from the cache\n",
-                hits + misses, hits);
+        fprintf(stderr, "energon generate: grammar: %ld token masks, %ld from the cache, "
+                        "%.1f ms in masks and matching\n",
+                hits + misses, hits, 1e3 * t_grammar);
     }
     rc = EN_EXIT_OK;
 done:

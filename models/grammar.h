@@ -92,11 +92,44 @@ int en_gmatch_n_stacks(const en_gmatch *m);
  * vocabulary calls it once per trie edge. dst must be a matcher of the
  * same grammar (its buffers are reused). */
 int en_gmatch_step(const en_gmatch *src, uint8_t b, en_gmatch *dst);
+/* UTF-8 as the matcher decodes it: a half-fed code point (val: its bits
+ * so far, need: bytes still to come, 0 for none, len: its length) fed byte
+ * b. 1: b completes code point *lo (= *hi; need is then 0). 2: more bytes
+ * are to come (val, need, len updated), and the code point can still be
+ * any of [*lo, *hi]. 0: invalid (an overlong form, a surrogate, past
+ * U+10FFFF, a byte out of place); nothing is changed. */
+int en_gmatch_utf8(uint32_t *val, int *need, int *len, uint8_t b, uint32_t *lo,
+                   uint32_t *hi);
+/* When no code point is half-fed and each way's next class holds all of
+ * U+0080..U+10FFFF or none of it (inside a JSON string: all), every code
+ * point of two or more bytes takes m to one same state: 1 when some way
+ * takes them, 0 when none does. -1 otherwise. */
+int en_gmatch_wide(const en_gmatch *m);
 /* The state as words (for a cache key): writes up to cap, returns the
- * count it needs. Equal keys mean equal states. */
+ * count it needs. Equal keys mean equal states. The words are the
+ * half-fed code point's value, bytes to come and length, the number of
+ * ways, then each way's length and its positions (const en_gelem *, into
+ * the grammar's rules), bottom first. */
 size_t en_gmatch_key(const en_gmatch *m, uintptr_t *key, size_t cap);
+/* m := the state whose key (en_gmatch_key of a matcher of m's grammar) is
+ * key[0..n): the mask's walk keeps the states it has met as keys. EN_ERR_ARG
+ * for a key of the wrong shape (m is then unspecified), EN_ERR_NOMEM. */
+en_status en_gmatch_set_key(en_gmatch *m, const uintptr_t *key, size_t n);
 
 /* ---- token masks (models/grammar_mask.c) ---- */
+
+/* A vocabulary as the masks see it: token i is bytes[i][0..lens[i])
+ * (lens[i] = 0: never allowed, e.g. special tokens), copied and sorted
+ * once. It depends on the tokenizer only, so one serves every grammar's
+ * masks (en_gmask_create_vocab): a server builds it once, not per request.
+ * Immutable once made, so any thread may use it. Reference-counted as
+ * en_gmask. EN_ERR_ARG for n < 0 or a token over 4096 bytes. */
+typedef struct en_gvocab en_gvocab;
+en_status en_gvocab_create(const char *const *bytes, const size_t *lens, int32_t n,
+                           en_gvocab **out, en_err *err);
+en_gvocab *en_gvocab_retain(en_gvocab *v);
+void en_gvocab_destroy(en_gvocab *v);
+int32_t en_gvocab_n(const en_gvocab *v);
 
 typedef struct en_gmask en_gmask;
 
@@ -108,6 +141,11 @@ typedef struct en_gmask en_gmask;
 en_status en_gmask_create(const en_grammar *g, const char *const *bytes, const size_t *lens,
                           int32_t n, const int32_t *stop, int n_stop, int cache,
                           en_gmask **out, en_err *err);
+/* en_gmask_create over a shared vocabulary: the mask takes a reference of
+ * v (en_gvocab_retain), so the caller may drop its own at once. The masks
+ * are those en_gmask_create gives for the same tokens. */
+en_status en_gmask_create_vocab(const en_grammar *g, en_gvocab *v, const int32_t *stop,
+                                int n_stop, int cache, en_gmask **out, en_err *err);
 /* Reference-counted: create gives one reference, retain another, destroy
  * drops one and frees on the last. */
 en_gmask *en_gmask_retain(en_gmask *k);
@@ -117,9 +155,18 @@ void en_gmask_own_grammar(en_gmask *k);
 const en_grammar *en_gmask_grammar(const en_gmask *k);
 /* allowed[0..n) := 1 for each token m can take next, else 0; returns how
  * many are allowed (0: a dead end, which a grammar without dead ends
- * never reaches), or -1 when out of memory. Thread-safe. */
+ * never reaches), or -1 when out of memory. Thread-safe: concurrent calls
+ * share the cache and each take a walker of their own from a pool. */
 int en_gmask_compute(en_gmask *k, const en_gmatch *m, uint8_t *allowed);
-/* Cache figures since creation. */
+/* Let one mask's walks run on up to n threads (OpenMP; default 1): the
+ * vocabulary's length classes that are not cached are walked in parallel,
+ * giving the masks one thread gives. For a caller whose other threads idle
+ * while it masks (energon generate: the backend's); inside a parallel
+ * region of the caller's (the server's per-sequence sampling) it stays
+ * one thread. Call before sharing k. */
+void en_gmask_set_threads(en_gmask *k, int n);
+/* Cache figures since creation: masks wholly from the cache (hits), and
+ * masks for which some length class of the vocabulary was walked. */
 void en_gmask_stats(const en_gmask *k, long *hits, long *misses);
 
 struct en_tokenizer;
@@ -129,6 +176,10 @@ struct en_tokenizer;
 en_status en_gmask_for_tokenizer(const en_grammar *g, const struct en_tokenizer *tok,
                                  const int32_t *stop, int n_stop, int cache, en_gmask **out,
                                  en_err *err);
+/* The shared vocabulary of a tokenizer, as en_gmask_for_tokenizer sees it
+ * (build it once and pass it to en_gmask_create_vocab per grammar). */
+en_status en_gvocab_for_tokenizer(const struct en_tokenizer *tok, en_gvocab **out,
+                                  en_err *err);
 /* Token id's bytes as the mask sees them (NULL and 0 outside the
  * vocabulary). */
 const char *en_gmask_token(const en_gmask *k, int32_t id, size_t *len);

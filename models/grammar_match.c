@@ -167,6 +167,34 @@ static int class_meets(gpos p, uint32_t lo, uint32_t hi) {
     return at <= hi;
 }
 
+/* Does the class at p hold every code point of [lo, hi]? (A negated
+ * class does when none of its ranges meets [lo, hi].) */
+static int class_covers(gpos p, uint32_t lo, uint32_t hi) {
+    if (p->type == EN_GE_ANY) return 1;
+    if (p->type == EN_GE_NCHAR) {
+        for (gpos e = p; e == p || e->type == EN_GE_HI || e->type == EN_GE_ALT_CHAR; e++) {
+            if (e->type == EN_GE_HI) continue;
+            uint32_t a = e->v, b = (e + 1)->type == EN_GE_HI ? (e + 1)->v : e->v;
+            if (a <= hi && b >= lo) return 0;
+        }
+        return 1;
+    }
+    /* positive: the ranges cover lo, then past each one's end, up to hi */
+    uint32_t at = lo;
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (gpos e = p; e == p || e->type == EN_GE_HI || e->type == EN_GE_ALT_CHAR; e++) {
+            if (e->type == EN_GE_HI) continue;
+            uint32_t a = e->v, b = (e + 1)->type == EN_GE_HI ? (e + 1)->v : e->v;
+            if (a <= at && at <= b) {
+                if (b >= hi) return 1;
+                at = b + 1, moved = 1;
+            }
+        }
+    }
+    return 0;
+}
+
 /* The element after the class that starts at p. */
 static gpos class_end(gpos p) {
     if (p->type == EN_GE_ANY) return p + 1;
@@ -252,53 +280,54 @@ static void swap_sets(en_gmatch *m) {
     m->cur = m->next, m->next = t;
 }
 
-/* Does byte b, after m's half-fed code point, complete one? 1 with *cp
- * (ASCII, or the last continuation byte of a valid code point), -1 when it
- * completes an invalid one (overlong, a surrogate, past U+10FFFF), 0 when
- * it completes none (a lead byte, an earlier continuation, a stray byte). */
-static int completes(const en_gmatch *m, uint8_t b, uint32_t *cp) {
-    if (m->u8_need == 0 && b < 0x80) {
-        *cp = b;
+int en_gmatch_utf8(uint32_t *val, int *need, int *len, uint8_t b, uint32_t *lo,
+                   uint32_t *hi) {
+    if (*need == 0 && b < 0x80) { /* ASCII */
+        *lo = *hi = b;
         return 1;
     }
-    if (m->u8_need != 1 || (b & 0xC0) != 0x80) return 0;
-    *cp = (m->u8_val << 6) | (b & 0x3Fu);
-    if (*cp < MIN_OF_LEN[m->u8_len] || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF))
-        return -1;
-    return 1;
+    uint32_t v;
+    int nd, ln;
+    if (*need == 0) { /* a lead byte */
+        ln = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        if (ln == 0 || b == 0xC0 || b == 0xC1 || b > 0xF4) return 0;
+        v = ln == 2 ? b & 0x1Fu : ln == 3 ? b & 0x0Fu : b & 0x07u;
+        nd = ln - 1;
+    } else { /* a continuation byte */
+        if ((b & 0xC0) != 0x80) return 0;
+        v = (*val << 6) | (b & 0x3Fu);
+        nd = *need - 1;
+        ln = *len;
+    }
+    if (nd == 0) { /* the last byte */
+        if (v < MIN_OF_LEN[ln] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+        *val = 0, *need = 0, *len = 0;
+        *lo = *hi = v;
+        return 1;
+    }
+    /* the code points the bytes so far can still become */
+    uint32_t l = v << (6 * nd), h = l | ((1u << (6 * nd)) - 1);
+    if (l < MIN_OF_LEN[ln]) l = MIN_OF_LEN[ln];
+    if (h > 0x10FFFF) h = 0x10FFFF;
+    if (l > h) return 0;
+    if (ln == 3 && nd == 1 && l >= 0xD800 && h <= 0xDFFF) return 0;
+    *val = v, *need = nd, *len = ln;
+    *lo = l, *hi = h;
+    return 2;
 }
 
 /* One byte; 1 taken, 0 refused (m is then as it was). */
 static int feed_byte(en_gmatch *m, uint8_t b) {
-    uint32_t cp;
-    int c = completes(m, b, &cp);
-    if (c < 0) return 0;
-    if (c > 0) {
-        if (advance(m, cp)) return 0;
+    uint32_t v = m->u8_val, lo, hi;
+    int need = m->u8_need, len = m->u8_len;
+    const int c = en_gmatch_utf8(&v, &need, &len, b, &lo, &hi);
+    if (c == 0) return 0;
+    if (c == 1) {
+        if (advance(m, lo)) return 0;
         swap_sets(m);
-        m->u8_val = 0, m->u8_need = 0, m->u8_len = 0;
-        return 1;
+    } else if (!feasible(m, lo, hi)) {
+        return 0;
     }
-    uint32_t v;
-    int need, len;
-    if (m->u8_need == 0) { /* a lead byte */
-        len = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-        if (len == 0 || b == 0xC0 || b == 0xC1 || b > 0xF4) return 0;
-        v = len == 2 ? b & 0x1Fu : len == 3 ? b & 0x0Fu : b & 0x07u;
-        need = len - 1;
-    } else { /* a continuation byte with more to come */
-        if ((b & 0xC0) != 0x80) return 0;
-        v = (m->u8_val << 6) | (b & 0x3Fu);
-        need = m->u8_need - 1;
-        len = m->u8_len;
-    }
-    /* the code points the bytes so far can still become */
-    uint32_t lo = v << (6 * need), hi = lo | ((1u << (6 * need)) - 1);
-    if (lo < MIN_OF_LEN[len]) lo = MIN_OF_LEN[len];
-    if (hi > 0x10FFFF) hi = 0x10FFFF;
-    if (lo > hi) return 0;
-    if (len == 3 && need == 1 && lo >= 0xD800 && hi <= 0xDFFF) return 0;
-    if (!feasible(m, lo, hi)) return 0;
     m->u8_val = v, m->u8_need = need, m->u8_len = len;
     return 1;
 }
@@ -341,16 +370,30 @@ int en_gmatch_n_stacks(const en_gmatch *m) { return m->cur.n; }
 
 int en_gmatch_step(const en_gmatch *src, uint8_t b, en_gmatch *dst) {
     dst->g = src->g;
-    uint32_t cp;
-    int c = completes(src, b, &cp);
-    if (c < 0) return 0;
-    if (c > 0) { /* src's ways advance straight into dst's */
-        if (advance_set(src->g, &src->cur, &dst->cur, cp)) return 0;
-        dst->u8_val = 0, dst->u8_need = 0, dst->u8_len = 0;
-        return 1;
+    uint32_t v = src->u8_val, lo, hi;
+    int need = src->u8_need, len = src->u8_len;
+    const int c = en_gmatch_utf8(&v, &need, &len, b, &lo, &hi);
+    if (c == 0) return 0;
+    if (c == 1) { /* src's ways advance straight into dst's */
+        if (advance_set(src->g, &src->cur, &dst->cur, lo)) return 0;
+    } else if (!feasible(src, lo, hi) || en_gmatch_copy(dst, src) != EN_OK) {
+        return 0;
     }
-    if (en_gmatch_copy(dst, src) != EN_OK) return 0;
-    return feed_byte(dst, b);
+    dst->u8_val = v, dst->u8_need = need, dst->u8_len = len;
+    return 1;
+}
+
+int en_gmatch_wide(const en_gmatch *m) {
+    if (m->u8_need) return -1;
+    int all = 0;
+    for (int i = 0; i < m->cur.n; i++) {
+        const int n = m->cur.len[i];
+        if (n == 0) continue; /* complete: takes nothing */
+        const gpos top = m->cur.pos[m->cur.off[i] + n - 1];
+        if (class_covers(top, 0x80, 0x10FFFF)) all = 1;
+        else if (class_meets(top, 0x80, 0x10FFFF)) return -1;
+    }
+    return all;
 }
 
 size_t en_gmatch_key(const en_gmatch *m, uintptr_t *key, size_t cap) {
@@ -366,4 +409,21 @@ size_t en_gmatch_key(const en_gmatch *m, uintptr_t *key, size_t cap) {
     }
 #undef PUT
     return n;
+}
+
+en_status en_gmatch_set_key(en_gmatch *m, const uintptr_t *key, size_t n) {
+    gpos st[EN_GRAMMAR_MAX_DEPTH + 2];
+    if (n < 4) return EN_ERR_ARG;
+    gset_clear(&m->cur);
+    m->u8_val = (uint32_t)key[0], m->u8_need = (int)key[1], m->u8_len = (int)key[2];
+    size_t at = 4;
+    for (uintptr_t i = 0; i < key[3]; i++) {
+        if (at >= n || key[at] > EN_GRAMMAR_MAX_DEPTH + 2 || n - at - 1 < key[at])
+            return EN_ERR_ARG;
+        int len = (int)key[at++];
+        for (int j = 0; j < len; j++) st[j] = (gpos)key[at + (size_t)j];
+        at += (size_t)len;
+        if (gset_add(&m->cur, st, len)) return EN_ERR_NOMEM;
+    }
+    return at == n ? EN_OK : EN_ERR_ARG;
 }

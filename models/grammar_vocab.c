@@ -1,16 +1,15 @@
 /*
- * grammar_vocab.c - a token mask builder (grammar_mask.c) over a
- * tokenizer's vocabulary. Apart from grammar_mask.c so that the grammar
- * code builds and fuzzes without the tokenizer.
+ * grammar_vocab.c - a token mask vocabulary (grammar_mask.c) from a
+ * tokenizer. Apart from grammar_mask.c so that the grammar code builds and
+ * fuzzes without the tokenizer.
  */
 #include <string.h>
 
 #include "../tokenizer/tokenizer.h"
 #include "grammar.h"
 
-en_status en_gmask_for_tokenizer(const en_grammar *g, const en_tokenizer *tok,
-                                 const int32_t *stop, int n_stop, int cache, en_gmask **out,
-                                 en_err *err) {
+en_status en_gvocab_for_tokenizer(const en_tokenizer *tok, en_gvocab **out, en_err *err) {
+    *out = NULL;
     const int32_t V = en_tokenizer_n_vocab(tok);
     char **bytes = en_calloc((size_t)(V ? V : 1), sizeof *bytes);
     size_t *lens = en_calloc((size_t)(V ? V : 1), sizeof *lens);
@@ -27,11 +26,20 @@ en_status en_gmask_for_tokenizer(const en_grammar *g, const en_tokenizer *tok,
         memcpy(bytes[i], buf, (size_t)n);
         lens[i] = (size_t)n;
     }
-    if (s == EN_OK)
-        s = en_gmask_create(g, (const char *const *)bytes, lens, V, stop, n_stop, cache, out,
-                            err);
+    if (s == EN_OK) s = en_gvocab_create((const char *const *)bytes, lens, V, out, err);
     for (int32_t i = 0; bytes && i < V; i++) en_free(bytes[i]);
     en_free(bytes);
     en_free(lens);
+    return s;
+}
+
+en_status en_gmask_for_tokenizer(const en_grammar *g, const en_tokenizer *tok,
+                                 const int32_t *stop, int n_stop, int cache, en_gmask **out,
+                                 en_err *err) {
+    *out = NULL;
+    en_gvocab *v = NULL;
+    en_status s = en_gvocab_for_tokenizer(tok, &v, err);
+    if (s == EN_OK) s = en_gmask_create_vocab(g, v, stop, n_stop, cache, out, err);
+    en_gvocab_destroy(v); /* the mask holds its own reference */
     return s;
 }

@@ -7,7 +7,13 @@
  * (tests/fixtures/grammar/json_cases.txt, tests/gen/gen_grammar_json_cases.py):
  * the final verdict equals json.loads' for each, every byte of a valid
  * document is taken, and feeding in random pieces gives the same verdicts.
+ * Token masks (grammar_mask.c) on random walks equal feeding each token
+ * alone, for json.gbnf, a JSON Schema's grammar and grammars of bounded
+ * repetitions (whose counts the masks shift), over a small vocabulary and
+ * SmolLM2's; and they equal the masks of a per-request vocabulary, without
+ * cache, on one thread, also when several threads mask at once.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +21,7 @@
 #include "../common/file.h"
 #include "../common/status.h"
 #include "../models/grammar.h"
+#include "../models/json_schema.h"
 #include "../tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -246,12 +253,24 @@ static int brute_mismatches(const en_gmatch *m, const en_grammar *g, const char 
 static void walks(const char *name, const en_grammar *g, const char *const *tok,
                   const size_t *len, int32_t V, const int32_t *stop, int n_stop, int n_walks,
                   int steps, int sample) {
-    en_gmask *k = NULL;
+    /* k: a shared vocabulary (dropped at once: k keeps it), a cache, two
+     * threads; ref: a vocabulary of its own, no cache, one thread */
+    en_gmask *k = NULL, *ref = NULL;
+    en_gvocab *voc = NULL;
     en_err err = {0};
-    CHECK(en_gmask_create(g, tok, len, V, stop, n_stop, 64, &k, &err) == EN_OK, "%s: %s", name,
-          err.msg);
-    if (!k) return;
-    uint8_t *allowed = malloc((size_t)V);
+    CHECK(en_gvocab_create(tok, len, V, &voc, &err) == EN_OK &&
+              en_gmask_create_vocab(g, voc, stop, n_stop, 64, &k, &err) == EN_OK &&
+              en_gmask_create(g, tok, len, V, stop, n_stop, 0, &ref, &err) == EN_OK,
+          "%s: %s", name, err.msg);
+    en_gvocab_destroy(voc);
+    if (!k || !ref) {
+        en_gmask_destroy(k);
+        en_gmask_destroy(ref);
+        return;
+    }
+    en_gmask_set_threads(k, 2);
+    uint8_t *allowed = malloc((size_t)V), *allowed_ref = malloc((size_t)V);
+    int differ = 0, miscount = 0;
     int32_t *check = malloc(sizeof *check * (size_t)(V + sample));
     en_test_rng rng = {7};
     int mism = 0, masks = 0, stopped = 0, whole = 0;
@@ -272,6 +291,11 @@ static void walks(const char *name, const en_grammar *g, const char *const *tok,
             if (m1 > m0) t_miss += dt, n_miss0++;
             else t_hit += dt, n_hit0++;
             masks++;
+            int ones = 0;
+            for (int32_t i = 0; i < V; i++) ones += allowed[i];
+            miscount += ones != n;
+            differ += en_gmask_compute(ref, m, allowed_ref) != n ||
+                      memcmp(allowed, allowed_ref, (size_t)V) != 0;
             int n_check = 0;
             if (sample) {
                 for (int32_t i = 0; i < V; i++)
@@ -306,6 +330,10 @@ static void walks(const char *name, const en_grammar *g, const char *const *tok,
     en_gmask_stats(k, &hits, &misses);
     CHECK(mism == 0, "%s: %d masks equal feeding each token alone (%d mismatches)", name, masks,
           mism);
+    CHECK(differ == 0, "%s: masks over a shared vocabulary, cached, on 2 threads = over one of "
+          "their own, uncached, on 1 (%d differ)", name, differ);
+    CHECK(miscount == 0, "%s: the count returned is the tokens allowed (%d not)", name,
+          miscount);
     CHECK(stopped > 0 && whole == stopped, "%s: %d walks ended at a stop, %d of them whole "
           "sentences", name, stopped, whole);
     CHECK(hits > 0, "%s: the cache is used (%ld hits, %ld misses)", name, hits, misses);
@@ -313,30 +341,152 @@ static void walks(const char *name, const en_grammar *g, const char *const *tok,
            "(%.3f ms each)\n", name, masks, (int)V, hits, n_hit0 ? 1e3 * t_hit / n_hit0 : 0.0,
            misses, n_miss0 ? 1e3 * t_miss / n_miss0 : 0.0);
     free(allowed);
+    free(allowed_ref);
     free(check);
     en_gmask_destroy(k);
+    en_gmask_destroy(ref);
+}
+
+/* A JSON Schema's grammar (json_schema.c): bounded strings and arrays. */
+static const char SCHEMA[] =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"name\": {\"type\": \"string\", \"maxLength\": 12}, \"age\": {\"type\": \"integer\"},"
+    "\"role\": {\"enum\": [\"admin\", \"guest\"]},"
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\", \"maxLength\": 5},"
+    " \"maxItems\": 3},"
+    "\"address\": {\"type\": \"object\", \"properties\": {"
+    "  \"city\": {\"type\": \"string\", \"maxLength\": 30}}}},"
+    "\"required\": [\"name\", \"age\", \"role\", \"tags\", \"address\"]}";
+
+/* Bounded repetitions of every kind: nested, of a nullable item (not a
+ * counter the masks may shift), wide and narrow classes, and two rules
+ * that would be a chain but refer to each other. */
+static const char CHAINS[] =
+    "root ::= ( item \",\" ){0,12} \"!\"\n"
+    "item ::= \"ab\" [0-9]{0,3} | (\"x\"?){0,5} \"y\" | \"'\" [^'\\x00-\\x1f]{0,30} \"'\"\n"
+    "       | [a-z\\u00e9-\\u00fc]{1,9} | a\n"
+    "a    ::= \"p\" b |\n"
+    "b    ::= \"p\" a |\n";
+
+static en_grammar *schema_grammar(void) {
+    char *text = NULL;
+    en_err err = {0};
+    en_grammar *g = NULL;
+    if (en_json_schema_grammar(SCHEMA, strlen(SCHEMA), &text, &err) == EN_OK)
+        en_grammar_parse(text, strlen(text), NULL, &g, &err);
+    CHECK(g != NULL, "the schema's grammar: %s", err.msg);
+    en_free(text);
+    return g;
+}
+
+/* The small vocabulary: every byte, pieces cut inside code points, longer
+ * ASCII pieces (they cross a bounded string's end), a special token. */
+static const char *small_pieces[] = {"{\"", "\":", "\": ", "true", "false", "null", "tr", "ue",
+    "\\u00", "\\n", "\xc3\xa9", "\xe4\xb8\xad", "\xe4\xb8", "\xf0\x9f\x98\x80", "\xf0\x9f",
+    "\x98\x80", "123", "-0.", "e+1", "  ", "\n\n", "\"}", "]}", "},{", "[\"", "\",\"", "ab",
+    "abc", "abd", "\\u00e9", "1.5", "[]", "{}", "\"\"", ", ", "abcdefgh", "hello world",
+    "0123456789", "\"name\": \"", "ab12,", "xxy,", "\xc3\xa9t\xc3\xa9", "pppp"};
+enum { NP = sizeof small_pieces / sizeof small_pieces[0], SMALL_V = 256 + NP + 3 };
+
+static void small_vocab(const char **tok, size_t *len) {
+    static char bytes[256];
+    for (int i = 0; i < 256; i++) bytes[i] = (char)i, tok[i] = bytes + i, len[i] = 1;
+    for (int i = 0; i < NP; i++)
+        tok[256 + i] = small_pieces[i], len[256 + i] = strlen(small_pieces[i]);
+    tok[SMALL_V - 3] = "", len[SMALL_V - 3] = 0;
+    tok[SMALL_V - 2] = "<special>", len[SMALL_V - 2] = 0; /* never allowed */
+    tok[SMALL_V - 1] = "<eos>", len[SMALL_V - 1] = 5;
 }
 
 static void masks_small(void) {
+    const char *tok[SMALL_V];
+    size_t len[SMALL_V];
+    small_vocab(tok, len);
+    int32_t stop = SMALL_V - 1;
     en_grammar *g = json_grammar();
-    if (!g) return;
-    static const char *pieces[] = {"{\"", "\":", "\": ", "true", "false", "null", "tr", "ue",
-        "\\u00", "\\n", "\xc3\xa9", "\xe4\xb8\xad", "\xe4\xb8", "\xf0\x9f\x98\x80", "\xf0\x9f",
-        "\x98\x80", "123", "-0.", "e+1", "  ", "\n\n", "\"}", "]}", "},{", "[\"", "\",\"", "ab",
-        "abc", "abd", "\\u00e9", "1.5", "[]", "{}", "\"\"", ", "};
-    enum { NP = sizeof pieces / sizeof pieces[0] };
-    int32_t V = 256 + NP + 3;
-    const char **tok = calloc((size_t)V, sizeof *tok);
-    size_t *len = calloc((size_t)V, sizeof *len);
-    static char bytes[256];
-    for (int i = 0; i < 256; i++) bytes[i] = (char)i, tok[i] = bytes + i, len[i] = 1;
-    for (int i = 0; i < NP; i++) tok[256 + i] = pieces[i], len[256 + i] = strlen(pieces[i]);
-    tok[V - 3] = "", tok[V - 2] = "<special>", len[V - 2] = 0; /* never allowed */
-    tok[V - 1] = "<eos>", len[V - 1] = 5;
-    int32_t stop = V - 1;
-    walks("mask, 294 tokens", g, tok, len, V, &stop, 1, 40, 60, 0);
-    free(tok);
-    free(len);
+    if (g) walks("mask, json.gbnf, small vocabulary", g, tok, len, SMALL_V, &stop, 1, 40, 60, 0);
+    en_grammar_destroy(g);
+    g = schema_grammar();
+    if (g) walks("mask, a schema, small vocabulary", g, tok, len, SMALL_V, &stop, 1, 40, 120, 0);
+    en_grammar_destroy(g);
+    en_err err;
+    g = parse(CHAINS, &err);
+    CHECK(g != NULL, "the chains grammar: %s", err.msg);
+    if (g)
+        walks("mask, bounded repetitions, small vocabulary", g, tok, len, SMALL_V, &stop, 1, 40,
+              80, 0);
+    en_grammar_destroy(g);
+}
+
+/* Several threads masking with one builder at once (each its own walk),
+ * against a builder of their own without cache. */
+typedef struct mask_job {
+    en_gmask *shared;
+    const en_grammar *g;
+    const char **tok;
+    const size_t *len;
+    uint64_t seed;
+    int masks, differ;
+} mask_job;
+
+static void *mask_thread(void *arg) {
+    mask_job *j = arg;
+    en_gmask *ref = NULL;
+    en_gmatch *m = NULL;
+    en_err err;
+    int32_t stop = SMALL_V - 1;
+    uint8_t a[SMALL_V], b[SMALL_V];
+    en_test_rng rng = {j->seed};
+    if (en_gmask_create(j->g, j->tok, j->len, SMALL_V, &stop, 1, 0, &ref, &err) != EN_OK)
+        return NULL;
+    for (int w = 0; w < 20; w++) {
+        en_gmatch_create(j->g, &m, &err);
+        for (int s = 0; s < 40; s++) {
+            int n = en_gmask_compute(j->shared, m, a);
+            j->masks++;
+            j->differ += en_gmask_compute(ref, m, b) != n || memcmp(a, b, sizeof a) != 0;
+            if (n <= 0 || a[stop]) break;
+            int pick = (int)(en_test_rng_u64(&rng) % (uint64_t)n), id;
+            for (id = 0; id < SMALL_V; id++)
+                if (a[id] && pick-- == 0) break;
+            if (id == SMALL_V || !en_gmatch_feed(m, (const uint8_t *)j->tok[id], j->len[id]))
+                break;
+        }
+        en_gmatch_destroy(m);
+    }
+    en_gmask_destroy(ref);
+    return NULL;
+}
+
+static void masks_threads(void) {
+    const char *tok[SMALL_V];
+    size_t len[SMALL_V];
+    small_vocab(tok, len);
+    int32_t stop = SMALL_V - 1;
+    en_err err;
+    en_grammar *g = parse(CHAINS, &err);
+    en_gmask *k = NULL;
+    if (!g || en_gmask_create(g, tok, len, SMALL_V, &stop, 1, 16, &k, &err) != EN_OK) {
+        CHECK(0, "threads: %s", err.msg);
+        en_grammar_destroy(g);
+        return;
+    }
+    en_gmask_set_threads(k, 2);
+    enum { NT = 4 };
+    pthread_t th[NT];
+    mask_job jobs[NT];
+    for (int i = 0; i < NT; i++) {
+        jobs[i] = (mask_job){k, g, tok, len, 100 + (uint64_t)i, 0, 0};
+        pthread_create(&th[i], NULL, mask_thread, &jobs[i]);
+    }
+    int masks = 0, differ = 0;
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        masks += jobs[i].masks, differ += jobs[i].differ;
+    }
+    CHECK(masks > 400 && differ == 0, "4 threads masking with one builder at once: %d masks, "
+          "%d differ from a builder of their own", masks, differ);
+    en_gmask_destroy(k);
     en_grammar_destroy(g);
 }
 
@@ -362,8 +512,12 @@ static void masks_smollm2(void) {
         memcpy(tok[i], buf, (size_t)n);
         len[i] = (size_t)n;
     }
-    if (g) walks("mask, SmolLM2's 49152 tokens", g, (const char *const *)tok, len, V, stops,
-                 n_stop, 6, 40, 2000);
+    if (g) walks("mask, json.gbnf, SmolLM2's 49152 tokens", g, (const char *const *)tok, len, V,
+                 stops, n_stop, 6, 40, 2000);
+    en_grammar_destroy(g);
+    g = schema_grammar();
+    if (g) walks("mask, a schema, SmolLM2's 49152 tokens", g, (const char *const *)tok, len, V,
+                 stops, n_stop, 4, 60, 2000);
     for (int32_t i = 0; i < V; i++) free(tok[i]);
     free(tok);
     free(len);
@@ -376,6 +530,7 @@ int main(void) {
     small();
     json_cases();
     masks_small();
+    masks_threads();
     masks_smollm2();
     return en_test_finish("test_grammar");
 }
