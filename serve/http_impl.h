@@ -109,6 +109,11 @@ const en_server_config *srv_config(const en_server *s);
 struct en_gmask;
 struct en_gmask *srv_json_object_mask(en_server *s, en_err *err);
 struct en_gmask *srv_json_object_build(en_server *s, en_err *err);
+/* The vocabulary every mask of the server shares (models/grammar.h
+ * en_gvocab), sorted on first use: a reference the caller releases. */
+struct en_gvocab;
+struct en_tokenizer;
+struct en_gvocab *srv_gvocab(en_server *s, const struct en_tokenizer *tok, en_err *err);
 int64_t srv_created(const en_server *s); /* unix time the server started */
 /* A new request may start (0 while shutting down). */
 int srv_accepting(en_server *s);

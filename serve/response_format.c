@@ -27,10 +27,13 @@ int srv_grammar_mask(en_server *srv, const char *text, size_t len, const char *p
                        err.msg);
     const int32_t *stop = NULL;
     int n_stop = en_engine_stop_ids(eng, &stop);
-    if (en_gmask_for_tokenizer(g, tok, stop, n_stop, 256, out, &err) != EN_OK) {
+    en_gvocab *v = srv_gvocab(srv, tok, &err);
+    if (!v || en_gmask_create_vocab(g, v, stop, n_stop, 256, out, &err) != EN_OK) {
+        en_gvocab_destroy(v);
         en_grammar_destroy(g);
         return oa_fail(e, 500, NULL, NULL, "%s", err.msg);
     }
+    en_gvocab_destroy(v); /* the mask holds its own reference */
     en_gmask_own_grammar(*out);
     return 0;
 }
@@ -115,10 +118,13 @@ en_gmask *srv_json_object_build(en_server *srv, en_err *err) {
     const int32_t *stop = NULL;
     int n_stop = en_engine_stop_ids(eng, &stop);
     en_gmask *k = NULL;
-    if (en_gmask_for_tokenizer(g, tok, stop, n_stop, 512, &k, err) != EN_OK) {
+    en_gvocab *v = srv_gvocab(srv, tok, err);
+    if (!v || en_gmask_create_vocab(g, v, stop, n_stop, 512, &k, err) != EN_OK) {
+        en_gvocab_destroy(v);
         en_grammar_destroy(g);
         return NULL;
     }
+    en_gvocab_destroy(v);
     en_gmask_own_grammar(k);
     return k;
 }
