@@ -11,7 +11,8 @@
  * tests/fuzz/corpus/chat_tools/ (requests of tests/serve/tools.py and
  * answers in each format).
  */
-// fuzz-sources: tokenizer/chat_tools.c models/json_schema.c models/grammar.c models/grammar_match.c common/status.c common/utf8.c
+// fuzz-sources: tokenizer/chat_tools.c models/json_schema.c models/regex.c models/grammar.c
+// fuzz-sources: models/grammar_match.c common/status.c common/utf8.c
 // fuzz-libs: -ljansson
 #include <stddef.h>
 #include <stdint.h>
