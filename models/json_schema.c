@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../common/strbuf.h"
 #include "grammar.h"
 #include "json_schema.h"
 #include "regex.h"
@@ -25,11 +26,7 @@
 #define MAX_REFS 256
 #define MAX_NEST 64
 
-typedef struct sb {
-    char *s;
-    size_t n, cap;
-    int oom;
-} sb;
+typedef en_strbuf sb;
 
 typedef struct ctx {
     json_t *root;
@@ -41,29 +38,7 @@ typedef struct ctx {
     int failed;
 } ctx;
 
-static void sb_add(sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_add(sb *b, const char *fmt, ...) {
-    if (b->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) return;
-    if (b->n + (size_t)k + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *s = en_realloc(b->s, cap);
-        if (!s) {
-            b->oom = 1;
-            return;
-        }
-        b->s = s, b->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, (size_t)k + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)k;
-}
+#define sb_add en_strbuf_printf /* the shared writer, common/strbuf.c */
 
 /* bytes as a grammar string literal (quotes included) */
 static void sb_literal(sb *b, const char *s, size_t n) {

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "../common/utf8.h"
+#include "../common/strbuf.h"
 #include "grammar.h"
 
 #define MAX_NEST 64     /* nested groups */
@@ -171,11 +172,7 @@ typedef struct node {
     char anchor_start, anchor_end; /* a top-level alternative's ^ and $ */
 } node;
 
-typedef struct sb {
-    char *s;
-    size_t n, cap;
-    int oom;
-} sb;
+typedef en_strbuf sb;
 
 typedef struct rx {
     const char *s;
@@ -192,29 +189,7 @@ typedef struct rx {
     sb helpers; /* helper rules' text */
 } rx;
 
-static void sb_add(sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_add(sb *b, const char *fmt, ...) {
-    if (b->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) return;
-    if (b->n + (size_t)k + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *s = en_realloc(b->s, cap);
-        if (!s) {
-            b->oom = 1;
-            return;
-        }
-        b->s = s, b->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, (size_t)k + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)k;
-}
+#define sb_add en_strbuf_printf /* the shared writer, common/strbuf.c */
 
 static int fail(rx *x, size_t pos, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(rx *x, size_t pos, const char *fmt, ...) {

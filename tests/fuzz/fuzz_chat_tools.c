@@ -12,7 +12,7 @@
  * answers in each format).
  */
 // fuzz-sources: tokenizer/chat_tools.c models/json_schema.c models/regex.c models/grammar.c
-// fuzz-sources: models/grammar_match.c common/status.c common/utf8.c
+// fuzz-sources: models/grammar_match.c common/status.c common/strbuf.c common/utf8.c
 // fuzz-libs: -ljansson
 #include <stddef.h>
 #include <stdint.h>

@@ -8,7 +8,7 @@
  * tests/fuzz/corpus/json_schema/: the schemas of tests/serve/response_format.py).
  */
 // fuzz-sources: models/json_schema.c models/regex.c models/grammar.c models/grammar_match.c
-// fuzz-sources: common/status.c common/utf8.c
+// fuzz-sources: common/status.c common/strbuf.c common/utf8.c
 // fuzz-libs: -ljansson
 #include <stddef.h>
 #include <stdint.h>

@@ -12,7 +12,7 @@
  * tests/gen/gen_regex_cases.py with a text).
  */
 // fuzz-sources: models/regex.c models/grammar.c models/grammar_match.c
-// fuzz-sources: common/status.c common/utf8.c
+// fuzz-sources: common/status.c common/strbuf.c common/utf8.c
 // fuzz-libs:
 #include <stddef.h>
 #include <stdint.h>
