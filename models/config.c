@@ -126,9 +126,10 @@ static en_status parse(json_t *root, const char *path, en_model_hparams *hp, en_
                       path, hp->n_head, hp->n_kv_head);
     double eps;
     EN_TRY(en_cfg_num(root, "rms_norm_eps", path, 1e-6, &eps, err));
-    if (!(eps > 0) || eps > 1)
-        return EN_ERR(err, EN_ERR_FORMAT, "%s: rms_norm_eps must be in (0, 1]", path);
-    hp->norm_eps = (float)eps;
+    hp->norm_eps = (float)eps; /* checked as float32: 1e-46 would round to 0 */
+    if (!(hp->norm_eps > 0) || eps > 1)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: rms_norm_eps %g must be in (0, 1] as a float32",
+                      path, eps);
     EN_TRY(en_rope_parse(root, path, hp, err));
     EN_TRY(en_cfg_bool(root, "tie_word_embeddings", path, 0, &hp->tie_embeddings, err));
     EN_TRY(en_cfg_int(root, "bos_token_id", path, -1, &hp->bos_id, err));
