@@ -89,11 +89,11 @@ static en_status gemma3_config(json_t *root, const char *path, en_model_hparams 
     if (!json_object_get(root, "rope_theta")) hp->rope.theta = hp->rope_theta = 1e6f;
     double local = 10000.0;
     EN_TRY(en_cfg_num(root, "rope_local_base_freq", path, 10000.0, &local, err));
-    if (!(local > 0))
-        return EN_ERR(err, EN_ERR_FORMAT, "%s: rope_local_base_freq must be positive", path);
     memset(&hp->rope_local, 0, sizeof hp->rope_local);
     hp->rope_local.type = EN_ROPE_DEFAULT;
-    hp->rope_local.theta = (float)local;
+    hp->rope_local.theta = (float)local; /* checked as float32: 1e-50 would round to 0 */
+    if (!(hp->rope_local.theta > 0))
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: rope_local_base_freq must be positive", path);
     hp->rope_local.n_rot = hp->rope.n_rot;
     hp->has_rope_local = 1;
     return EN_OK;

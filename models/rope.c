@@ -53,10 +53,10 @@ static en_status factors_field(json_t *o, const char *key, const char *path, int
                       path, key, n);
     for (int i = 0; i < n; i++) {
         json_t *e = json_array_get(v, (size_t)i);
-        if (!json_is_number(e) || !(json_number_value(e) > 0))
+        out[i] = json_is_number(e) ? (float)json_number_value(e) : 0;
+        if (!(out[i] > 0))
             return EN_ERR(err, EN_ERR_FORMAT, "%s: rope_scaling '%s'[%d] must be a positive number",
                           path, key, i);
-        out[i] = (float)json_number_value(e);
     }
     return EN_OK;
 }
@@ -74,6 +74,9 @@ static en_status parse_one(json_t *root, json_t *d, const char *path, const en_m
         return EN_ERR(err, EN_ERR_FORMAT,
                       "%s: rope_theta must be positive and partial_rotary_factor in (0, 1]", path);
     r->theta = (float)theta;
+    if (!(r->theta > 0))
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: rope_theta %g rounds to 0 as a float32", path,
+                      theta);
     r->n_rot = (int)(hp->head_dim * prf);
     r->n_rot -= r->n_rot % 2;
     if (r->n_rot < 2)
@@ -98,17 +101,20 @@ static en_status parse_one(json_t *root, json_t *d, const char *path, const en_m
                      err));
     EN_TRY(num_field(root, "original_max_position_embeddings", path, "config", orig, &orig, 0,
                      err));
+    if (!(orig >= 1) || orig > (1 << 30))
+        return EN_ERR(err, EN_ERR_FORMAT,
+                      "%s: original_max_position_embeddings %g must be in [1, 2^30]", path, orig);
     r->orig_max = (int)orig;
     if (r->type == EN_ROPE_DYNAMIC) r->orig_max = hp->max_pos; /* its scale is the config's */
     int need_factor = r->type != EN_ROPE_YARN && r->type != EN_ROPE_LONGROPE;
     double factor;
     EN_TRY(num_field(d, "factor", path, "rope_scaling", 0, &factor, need_factor, err));
     if (factor == 0 && !need_factor) factor = (double)hp->max_pos / r->orig_max;
-    if (!(factor > 0) || r->orig_max <= 0)
+    r->factor = (float)factor; /* checked as float32: 1e-50 would round to 0 */
+    if (!(r->factor > 0) || r->orig_max <= 0)
         return EN_ERR(err, EN_ERR_FORMAT,
                       "%s: rope_scaling factor and original_max_position_embeddings must be positive",
                       path);
-    r->factor = (float)factor;
     if (r->type == EN_ROPE_LLAMA3) {
         EN_TRY(num_field(d, "low_freq_factor", path, "rope_scaling 'llama3'", 0, &v, 1, err));
         r->low_freq_factor = (float)v;
