@@ -10,12 +10,13 @@
  * (en_model_n_params) and, for a head of at most 1024 dims, its RoPE
  * tables computed at a short and a long sequence. Never a crash, leak or
  * sanitizer report. The family table is linked whole; the layer and
- * backend calls it refers to are defined here and never run.
+ * backend calls it refers to come from family_stubs.c and never run.
  * Seeds: tests/fuzz/corpus/config/ (tests/fixtures/hf/NAME/config.json).
  * Run: tests/fuzz/run.sh 60 config
  */
 // fuzz-sources: models/config.c models/family.c models/family_llama.c models/family_gemma.c
 // fuzz-sources: models/family_gpt2.c models/rope.c common/status.c
+// fuzz-sources: tests/fuzz/family_stubs.c
 // fuzz-libs: -ljansson
 #include <math.h>
 #include <stdio.h>
@@ -23,51 +24,6 @@
 #include <string.h>
 
 #include "models/family.h"
-
-/* ---- never called: parsing and the layout only read the family table ---- */
-
-void en_decoder_layer_fwd(const en_model *m, int l, float *x, int n, int n_seq,
-                          const int32_t *pos, float *kc, float *vc, int p0,
-                          const en_layer_acts *a) {
-    (void)m, (void)l, (void)x, (void)n, (void)n_seq, (void)pos, (void)kc, (void)vc, (void)p0;
-    (void)a;
-    abort();
-}
-
-void en_decoder_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const float *k,
-                          const float *v) {
-    (void)g, (void)l, (void)a, (void)k, (void)v;
-    abort();
-}
-
-void *en_backend_alloc(en_backend *be, size_t bytes) {
-    (void)be, (void)bytes;
-    abort();
-}
-
-void en_backend_free(en_backend *be, void *buf) {
-    (void)be, (void)buf;
-    abort();
-}
-
-void en_backend_upload(en_backend *be, void *dst, const void *host_src, size_t bytes) {
-    (void)be, (void)dst, (void)host_src, (void)bytes;
-    abort();
-}
-
-void en_op_rope_freq(en_backend *be, float *x, const int32_t *pos, int T, int H, int D,
-                     size_t row_stride, const float *inv_freq, int n_rot, float mscale) {
-    (void)be, (void)x, (void)pos, (void)T, (void)H, (void)D, (void)row_stride, (void)inv_freq;
-    (void)n_rot, (void)mscale;
-    abort();
-}
-
-void en_op_rope_freq_bwd(en_backend *be, float *dx, const int32_t *pos, int T, int H, int D,
-                         size_t row_stride, const float *inv_freq, int n_rot, float mscale) {
-    (void)be, (void)dx, (void)pos, (void)T, (void)H, (void)D, (void)row_stride;
-    (void)inv_freq, (void)n_rot, (void)mscale;
-    abort();
-}
 
 /* ---- the target ---- */
 
