@@ -8,6 +8,8 @@
 # lines, paths relative to the repository root:
 #   // fuzz-sources: tokenizer/jinja.c common/status.c ...
 #   // fuzz-libs: -ljansson -lonig
+# A source ending in .cpp (tokenizer/tokenizer_spm.cpp) is compiled apart with
+# clang++ (C++17, the same sanitizers) and linked in with libstdc++.
 # Its seed corpus is tests/fuzz/corpus/NAME/ (valid inputs made by the tests'
 # own generators, plus every finding once fixed, as a regression file); each
 # seed is run first, then libFuzzer mutates for SECONDS. New inputs go to a
@@ -19,6 +21,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SECONDS_EACH=${1:-${FUZZ_SECONDS:-20}}
 shift || true
 CC=${FUZZ_CC:-clang}
+CXX=${FUZZ_CXX:-clang++}
 if ! command -v "$CC" >/dev/null; then
     echo "fuzz: $CC not found (scripts/install-deps installs clang and libclang-rt-14-dev)" >&2
     exit 1
@@ -47,8 +50,23 @@ for t in "${targets[@]}"; do
     cflags=$(pkg-config --cflags jansson oniguruma libutf8proc 2>/dev/null || true)
     bin="$OUT/fuzz_$t"
     abs=()
-    for s in $srcs; do abs+=("$ROOT/$s"); done
+    cxx=()
+    for s in $srcs; do
+        case "$s" in
+        *.cpp) cxx+=("$ROOT/$s") ;;
+        *) abs+=("$ROOT/$s") ;;
+        esac
+    done
     echo "fuzz: building $t"
+    for s in ${cxx[@]+"${cxx[@]}"}; do
+        o="$OUT/fuzz_$t-$(basename "$s" .cpp).o"
+        "$CXX" -std=c++17 -O1 -g -D_GNU_SOURCE -DEN_FUZZING=1 -I"$ROOT" \
+            $(pkg-config --cflags sentencepiece 2>/dev/null || true) \
+            -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+            -c -o "$o" "$s"
+        abs+=("$o")
+    done
+    [ ${#cxx[@]} -eq 0 ] || libs="$libs -lstdc++ -fsanitize-link-c++-runtime"
     # -O1 -g: libFuzzer's recommended flags; _GNU_SOURCE as the main build.
     "$CC" -std=c11 -O1 -g -D_GNU_SOURCE -DEN_FUZZING=1 -I"$ROOT" $cflags \
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
