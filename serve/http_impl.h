@@ -132,10 +132,26 @@ void srv_request_done(en_server *s, http_route route, const char *id, const char
 /* Render energon_requests_total into a buffer (metrics.c). */
 void srv_requests_metrics(en_server *s, char **buf, size_t *len, size_t *cap);
 const char *srv_route_label(http_route r);
+
+/* ---- the request head (http_util.c): pure functions of the strings MHD
+ * hands over (the path without its query, %-escapes decoded: any bytes but
+ * NUL), fuzzed by tests/fuzz/fuzz_http_head.c ---- */
+
+http_route srv_route_of(const char *url); /* ROUTE_NONE for an unknown path */
 int srv_route_is_post(http_route r); /* the route takes POST (else GET / HEAD) */
 /* 1 when the route takes this method; *allowed: the methods it takes (as
  * an Allow header lists them). */
 int srv_route_allows(http_route r, const char *method, const char **allowed);
+/* The Authorization header (NULL when absent) against the server's key:
+ * "Bearer KEY" (the scheme in any case, spaces before the key skipped),
+ * compared in constant time. 0 when it matches, else -1 with a 401. */
+int http_check_auth(const char *authorization, const char *api_key, oa_err *e);
+/* 1 when a Content-Length header (NULL when absent) announces a body over
+ * the limit. */
+int http_body_too_large(const char *content_length, size_t max_body_bytes);
+/* The path as the log line and error messages show it, in cap bytes (cut
+ * to fit). */
+void http_log_path(char *out, size_t cap, const char *url);
 /* The adapter set (NULL when the server has none) and the directory
  * POST /v1/adapters may load from (NULL: off). */
 struct en_adapter_set *srv_adapters(const en_server *s);

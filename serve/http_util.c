@@ -1,15 +1,21 @@
 /*
  * http_util.c - helpers of the HTTP server: OpenAI-shaped errors, JSON field
  * readers that name the offending field, responses, detecting a client that
- * hung up, constant-time key comparison and token strings for logprobs.
- * Used by server.c and the endpoint files; nothing here knows the routes.
+ * hung up, constant-time key comparison and token strings for logprobs, and
+ * what server.c reads from a request head (the route of the path, the
+ * methods it takes, the API key, Content-Length, the path as logged). Those
+ * are pure functions of the strings MHD hands over, so that
+ * tests/fuzz/fuzz_http_head.c calls them directly. Used by server.c and the
+ * endpoint files.
  */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "../common/utf8.h"
@@ -193,4 +199,66 @@ int http_secret_equal(const char *given, size_t given_len, const char *secret) {
         diff |= (unsigned char)(g ^ (unsigned char)secret[i]);
     }
     return diff == 0;
+}
+
+/* ---- the request head ---- */
+
+http_route srv_route_of(const char *url) {
+    static const struct {
+        const char *path;
+        http_route route;
+    } k_routes[] = {
+        {"/v1/chat/completions", ROUTE_CHAT}, {"/v1/completions", ROUTE_COMPLETIONS},
+        {"/v1/embeddings", ROUTE_EMBEDDINGS}, {"/v1/retrieve", ROUTE_RETRIEVE},
+        {"/v1/models", ROUTE_MODELS},         {"/health", ROUTE_HEALTH},
+        {"/metrics", ROUTE_METRICS},          {"/tokenize", ROUTE_TOKENIZE},
+        {"/detokenize", ROUTE_DETOKENIZE},    {"/", ROUTE_PAGE},
+    };
+    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
+        if (strcmp(url, k_routes[i].path) == 0) return k_routes[i].route;
+    if (strncmp(url, "/v1/models/", 11) == 0 && url[11]) return ROUTE_MODEL;
+    if (strcmp(url, "/v1/adapters") == 0) return ROUTE_ADAPTERS;
+    if (strncmp(url, "/v1/adapters/", 13) == 0 && url[13]) return ROUTE_ADAPTER;
+    return ROUTE_NONE;
+}
+
+int srv_route_is_post(http_route r) {
+    return r == ROUTE_CHAT || r == ROUTE_COMPLETIONS || r == ROUTE_EMBEDDINGS ||
+           r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE || r == ROUTE_ADAPTERS ||
+           r == ROUTE_RETRIEVE;
+}
+
+int srv_route_allows(http_route r, const char *method, const char **allowed) {
+    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    int post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
+    switch (r) {
+    case ROUTE_ADAPTERS: *allowed = "GET, HEAD, POST"; return get || post;
+    case ROUTE_ADAPTER: *allowed = "GET, HEAD, DELETE"; return get || del;
+    default: break;
+    }
+    *allowed = srv_route_is_post(r) ? "POST" : "GET, HEAD";
+    return srv_route_is_post(r) ? post : get;
+}
+
+int http_check_auth(const char *authorization, const char *api_key, oa_err *e) {
+    if (!authorization)
+        return oa_fail(e, 401, "invalid_api_key", NULL,
+                       "You didn't provide an API key. Send it in the Authorization header as "
+                       "'Authorization: Bearer YOUR_KEY'.");
+    if (strncasecmp(authorization, "Bearer ", 7) != 0)
+        return oa_fail(e, 401, "invalid_api_key", NULL,
+                       "The Authorization header must be 'Bearer YOUR_KEY'.");
+    const char *k = authorization + 7;
+    while (*k == ' ') k++;
+    if (!http_secret_equal(k, strlen(k), api_key))
+        return oa_fail(e, 401, "invalid_api_key", NULL, "Incorrect API key provided.");
+    return 0;
+}
+
+int http_body_too_large(const char *content_length, size_t max_body_bytes) {
+    return content_length && strtoull(content_length, NULL, 10) > max_body_bytes;
+}
+
+void http_log_path(char *out, size_t cap, const char *url) {
+    snprintf(out, cap, "%s", url);
 }

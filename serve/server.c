@@ -273,43 +273,6 @@ static enum MHD_Result send_page(http_req *r) {
 
 /* ---- routing and the access handler ---- */
 
-static http_route route_of(const char *url) {
-    static const struct {
-        const char *path;
-        http_route route;
-    } k_routes[] = {
-        {"/v1/chat/completions", ROUTE_CHAT}, {"/v1/completions", ROUTE_COMPLETIONS},
-        {"/v1/embeddings", ROUTE_EMBEDDINGS}, {"/v1/retrieve", ROUTE_RETRIEVE},
-        {"/v1/models", ROUTE_MODELS},         {"/health", ROUTE_HEALTH},
-        {"/metrics", ROUTE_METRICS},          {"/tokenize", ROUTE_TOKENIZE},
-        {"/detokenize", ROUTE_DETOKENIZE},    {"/", ROUTE_PAGE},
-    };
-    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
-        if (strcmp(url, k_routes[i].path) == 0) return k_routes[i].route;
-    if (strncmp(url, "/v1/models/", 11) == 0 && url[11]) return ROUTE_MODEL;
-    if (strcmp(url, "/v1/adapters") == 0) return ROUTE_ADAPTERS;
-    if (strncmp(url, "/v1/adapters/", 13) == 0 && url[13]) return ROUTE_ADAPTER;
-    return ROUTE_NONE;
-}
-
-int srv_route_is_post(http_route r) {
-    return r == ROUTE_CHAT || r == ROUTE_COMPLETIONS || r == ROUTE_EMBEDDINGS ||
-           r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE || r == ROUTE_ADAPTERS ||
-           r == ROUTE_RETRIEVE;
-}
-
-int srv_route_allows(http_route r, const char *method, const char **allowed) {
-    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    int post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
-    switch (r) {
-    case ROUTE_ADAPTERS: *allowed = "GET, HEAD, POST"; return get || post;
-    case ROUTE_ADAPTER: *allowed = "GET, HEAD, DELETE"; return get || del;
-    default: break;
-    }
-    *allowed = srv_route_is_post(r) ? "POST" : "GET, HEAD";
-    return srv_route_is_post(r) ? post : get;
-}
-
 /* The checks that need only the headers: route, method, key. The answer
  * waits until the body has been read (or the limit is hit): closing a
  * socket that still holds unread request bytes makes the kernel send a
@@ -320,27 +283,11 @@ static void check_headers(http_req *r) {
     int is_get = strcmp(r->method, "GET") == 0 || strcmp(r->method, "HEAD") == 0;
     /* /health and the page hold no data; everything else needs the key. */
     int open = r->route == ROUTE_HEALTH || (r->route == ROUTE_PAGE && is_get);
-    if (s->api_key && !open) {
-        const char *h =
-            MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-        if (!h) {
-            oa_fail(e, 401, "invalid_api_key", NULL,
-                    "You didn't provide an API key. Send it in the Authorization header as "
-                    "'Authorization: Bearer YOUR_KEY'.");
-            return;
-        }
-        if (strncasecmp(h, "Bearer ", 7) != 0) {
-            oa_fail(e, 401, "invalid_api_key", NULL,
-                    "The Authorization header must be 'Bearer YOUR_KEY'.");
-            return;
-        }
-        const char *k = h + 7;
-        while (*k == ' ') k++;
-        if (!http_secret_equal(k, strlen(k), s->api_key)) {
-            oa_fail(e, 401, "invalid_api_key", NULL, "Incorrect API key provided.");
-            return;
-        }
-    }
+    if (s->api_key && !open &&
+        http_check_auth(MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                    MHD_HTTP_HEADER_AUTHORIZATION),
+                        s->api_key, e) != 0)
+        return;
     if (r->route == ROUTE_NONE) {
         oa_fail(e, 404, "unknown_url", NULL, "Unknown request URL: %s %s", r->method, r->path);
         return;
@@ -410,26 +357,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->t0 = en_time_now();
         r->method = method;
         r->url = url;
-        snprintf(r->path, sizeof r->path, "%s", url);
+        http_log_path(r->path, sizeof r->path, url);
         uint64_t x = atomic_fetch_add(&s->next_id, 1) ^ s->id_key;
         snprintf(r->id, sizeof r->id, "%016llx%08x", (unsigned long long)splitmix64(&x),
                  (unsigned)(splitmix64(&x) >> 32));
-        r->route = route_of(url);
+        r->route = srv_route_of(url);
         *con_cls = r;
         check_headers(r);
-        const char *cl =
-            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            char *end;
-            unsigned long long n = strtoull(cl, &end, 10);
-            if (n > s->cfg.max_body_bytes) {
-                /* Answer now, before MHD sends "100 Continue" or reads a
-                 * byte of the body: MHD then closes the connection after
-                 * the answer instead of reading the rest. */
-                too_big(r);
-                r->answered = 1;
-                return http_send_error(r, &r->early);
-            }
+        if (http_body_too_large(MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                            MHD_HTTP_HEADER_CONTENT_LENGTH),
+                                s->cfg.max_body_bytes)) {
+            /* Answer now, before MHD sends "100 Continue" or reads a byte
+             * of the body: MHD then closes the connection after the answer
+             * instead of reading the rest. */
+            too_big(r);
+            r->answered = 1;
+            return http_send_error(r, &r->early);
         }
         r->body_discard = r->early.status != 0 || !srv_route_is_post(r->route);
         return MHD_YES;
