@@ -150,7 +150,7 @@ int http_check_auth(const char *authorization, const char *api_key, oa_err *e);
  * the limit. */
 int http_body_too_large(const char *content_length, size_t max_body_bytes);
 /* The path as the log line and error messages show it, in cap bytes (cut
- * to fit). */
+ * to fit), control bytes as '?'. */
 void http_log_path(char *out, size_t cap, const char *url);
 /* The adapter set (NULL when the server has none) and the directory
  * POST /v1/adapters may load from (NULL: off). */

@@ -260,5 +260,13 @@ int http_body_too_large(const char *content_length, size_t max_body_bytes) {
 }
 
 void http_log_path(char *out, size_t cap, const char *url) {
-    snprintf(out, cap, "%s", url);
+    /* MHD decodes "%0A" in a path to a newline: copied as is, a client
+     * could write lines of its own into the request log. Control bytes
+     * become '?'. */
+    size_t n = 0;
+    for (; n + 1 < cap && url[n]; n++) {
+        unsigned char c = (unsigned char)url[n];
+        out[n] = c < 0x20 || c == 0x7F ? '?' : (char)c;
+    }
+    if (cap) out[n] = 0;
 }
