@@ -30,6 +30,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -87,6 +88,114 @@ std::string spm_message(const sentencepiece::util::Status &s) {
     return m.empty() ? s.ToString() : m;
 }
 
+/* ---- a model's normalization rules ----
+ * SentencePiece walks a normalizer's precompiled_charsmap (a Darts-clone
+ * double array, then the replacement strings) without bounds checks: a
+ * corrupt one reads outside the model while encoding or decoding (found by
+ * tests/fuzz/fuzz_spm.c). Before a model is used, every node a lookup can
+ * reach is checked here, in the model as SentencePiece re-serializes it
+ * (each field once). */
+
+bool pb_varint(const unsigned char *&p, const unsigned char *end, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && p < end; shift += 7) {
+        unsigned char b = *p++;
+        *v |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+/* The bytes of length-delimited field `want` of a protobuf message (the
+ * last one; empty when absent). false when msg is not wire format. */
+bool pb_field(std::string_view msg, uint64_t want, std::string_view *out) {
+    const unsigned char *p = (const unsigned char *)msg.data(), *end = p + msg.size();
+    *out = std::string_view();
+    while (p < end) {
+        uint64_t key, v;
+        if (!pb_varint(p, end, &key)) return false;
+        switch (key & 7) {
+        case 0:
+            if (!pb_varint(p, end, &v)) return false;
+            break;
+        case 1:
+        case 5: {
+            size_t n = (key & 7) == 1 ? 8 : 4;
+            if ((size_t)(end - p) < n) return false;
+            p += n;
+            break;
+        }
+        case 2:
+            if (!pb_varint(p, end, &v) || v > (uint64_t)(end - p)) return false;
+            if ((key >> 3) == want) *out = std::string_view((const char *)p, (size_t)v);
+            p += v;
+            break;
+        default: return false; /* groups: never in a SentencePiece model */
+        }
+    }
+    return true;
+}
+
+/* What Darts-clone's commonPrefixSearch reads of a unit (darts.h). */
+uint32_t darts_offset(uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); }
+
+/* NULL when a precompiled_charsmap is empty or safe for SentencePiece's
+ * lookups: a uint32 trie size, the trie, the NUL-separated strings. */
+const char *charsmap_problem(std::string_view blob) {
+    if (blob.empty()) return nullptr;
+    uint32_t size = 0;
+    if (blob.size() <= sizeof size) return "shorter than its header";
+    memcpy(&size, blob.data(), sizeof size); /* little-endian, as SentencePiece reads it */
+    if (size > blob.size() - sizeof size) return "its trie is larger than the rules";
+    const size_t n = size / 4, n_text = blob.size() - sizeof size - size;
+    if (n == 0) return "its trie is empty";
+    std::vector<uint32_t> unit(n);
+    memcpy(unit.data(), blob.data() + sizeof size, n * 4);
+    /* From node p a byte c leads to q = (p ^ offset(p)) ^ c, which is read
+     * before its label is compared: the whole block of 256 must lie in the
+     * trie. A node q reached (label c) with a leaf has its value at
+     * q ^ offset(q): an index into the strings. */
+    std::vector<uint8_t> seen(n);
+    std::vector<uint32_t> todo{0};
+    seen[0] = 1;
+    while (!todo.empty()) {
+        uint32_t p = todo.back();
+        todo.pop_back();
+        uint32_t base = p ^ darts_offset(unit[p]);
+        if ((base | 0xFFu) >= n) return "a trie node points outside the trie";
+        for (uint32_t c = 0; c < 256; c++) {
+            uint32_t q = base ^ c, u = unit[q];
+            if ((u & ((1u << 31) | 0xFFu)) != c) continue;
+            uint32_t leaf = q ^ darts_offset(u);
+            if ((leaf | 0xFFu) >= n) return "a trie node points outside the trie";
+            if (((u >> 8) & 1) && (unit[leaf] & 0x7FFFFFFFu) >= n_text)
+                return "a rule points outside its strings";
+            if (!seen[q]) {
+                seen[q] = 1;
+                todo.push_back(q);
+            }
+        }
+    }
+    return nullptr;
+}
+
+/* "" when the loaded model's normalizer and denormalizer are safe to use,
+ * else what is wrong. */
+std::string normalizer_problem(const sentencepiece::SentencePieceProcessor &sp) {
+    const std::string proto = sp.serialized_model_proto();
+    static const struct {
+        uint64_t field;
+        const char *name;
+    } specs[] = {{3, "normalizer_spec"}, {5, "denormalizer_spec"}};
+    for (const auto &s : specs) {
+        std::string_view spec, charsmap;
+        if (!pb_field(proto, s.field, &spec) || !pb_field(spec, 2, &charsmap))
+            return std::string("cannot read its ") + s.name;
+        if (const char *why = charsmap_problem(charsmap))
+            return std::string(s.name) + ".precompiled_charsmap is corrupt: " + why;
+    }
+    return "";
+}
 
 /* Read a whole file; on failure fills err with the path and errno text. */
 en_status read_file(const char *path, std::string *out, en_err *err) {
@@ -203,6 +312,9 @@ en_status en_spm_create(const char *model_path, en_spm **out, en_err *err) {
                 std::string why = spm_message(s);
                 if (why.find("ParseFromArray") != std::string::npos)
                     why = "not a serialized ModelProto (protobuf parse failed)";
+                st = EN_ERR(err, EN_ERR_FORMAT, "'%s' is not a valid SentencePiece model: %s",
+                            model_path, why.c_str());
+            } else if (std::string why = normalizer_problem(tok->sp); !why.empty()) {
                 st = EN_ERR(err, EN_ERR_FORMAT, "'%s' is not a valid SentencePiece model: %s",
                             model_path, why.c_str());
             } else if (tok->sp.GetPieceSize() <= 0) {
