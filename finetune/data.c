@@ -204,18 +204,26 @@ static en_status add_text(loader *L, const char *path, int64_t line, const char 
     return st;
 }
 
+/* Render a record's messages with the template (train: assistant turns
+ * as train segments). Template errors are the record's fault (bad()
+ * decides whether to skip it). */
+static en_status render_record(loader *L, const char *path, int64_t line, const json_t *msgs,
+                               const json_t *extra, int train, en_chat_render **r) {
+    en_err cerr = {0};
+    if (en_chat_template_render(L->tmpl, msgs, extra, 0, train, r, &cerr) == EN_OK) return EN_OK;
+    if (cerr.status == EN_ERR_NOMEM)
+        return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
+    return bad(L, path, line, "%s", cerr.msg);
+}
+
 /* A prompt/completion or chat record: render `messages` with the
  * template, assistant turns as train segments, and tokenize. Template errors
  * are the record's fault (bad() decides whether to skip it). */
 static en_status add_chat(loader *L, const char *path, int64_t line, const json_t *messages,
                           const json_t *extra) {
     en_chat_render *r = NULL;
-    en_err cerr = {0};
-    if (en_chat_template_render(L->tmpl, messages, extra, 0, 1, &r, &cerr) != EN_OK) {
-        if (cerr.status == EN_ERR_NOMEM)
-            return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
-        return bad(L, path, line, "%s", cerr.msg);
-    }
+    en_status st0 = render_record(L, path, line, messages, extra, 1, &r);
+    if (st0 != EN_OK) return st0;
     int32_t *ids = NULL;
     uint8_t *train = NULL;
     size_t n = 0;
@@ -373,12 +381,8 @@ static int chat_message(const json_t *m, size_t i, int jinja, json_t *out, int *
 static en_status chat_untrainable(loader *L, const char *path, int64_t line, const json_t *msgs,
                                   const json_t *extra, size_t empty_at) { /* SIZE_MAX: none */
     en_chat_render *r = NULL;
-    en_err cerr = {0};
-    if (en_chat_template_render(L->tmpl, msgs, extra, 0, 0, &r, &cerr) != EN_OK) {
-        if (cerr.status == EN_ERR_NOMEM)
-            return EN_ERR(L->err, EN_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line, cerr.msg);
-        return bad(L, path, line, "%s", cerr.msg);
-    }
+    en_status st0 = render_record(L, path, line, msgs, extra, 0, &r);
+    if (st0 != EN_OK) return st0;
     en_chat_render_destroy(r);
     if (empty_at != SIZE_MAX)
         return bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);
