@@ -206,7 +206,7 @@ static en_status add_text(loader *L, const char *path, int64_t line, const char 
 
 /* Render a record's messages with the template (train: assistant turns
  * as train segments). Template errors are the record's fault (bad()
- * decides whether to skip it). */
+ * decides whether to skip it): EN_OK with *r == NULL means skipped. */
 static en_status render_record(loader *L, const char *path, int64_t line, const json_t *msgs,
                                const json_t *extra, int train, en_chat_render **r) {
     en_err cerr = {0};
@@ -223,7 +223,7 @@ static en_status add_chat(loader *L, const char *path, int64_t line, const json_
                           const json_t *extra) {
     en_chat_render *r = NULL;
     en_status st0 = render_record(L, path, line, messages, extra, 1, &r);
-    if (st0 != EN_OK) return st0;
+    if (st0 != EN_OK || !r) return st0; /* !r: the record was skipped */
     int32_t *ids = NULL;
     uint8_t *train = NULL;
     size_t n = 0;
@@ -382,7 +382,7 @@ static en_status chat_untrainable(loader *L, const char *path, int64_t line, con
                                   const json_t *extra, size_t empty_at) { /* SIZE_MAX: none */
     en_chat_render *r = NULL;
     en_status st0 = render_record(L, path, line, msgs, extra, 0, &r);
-    if (st0 != EN_OK) return st0;
+    if (st0 != EN_OK || !r) return st0; /* !r: the record was skipped */
     en_chat_render_destroy(r);
     if (empty_at != SIZE_MAX)
         return bad(L, path, line, "messages[%zu]: assistant content is empty", empty_at);

@@ -1177,7 +1177,11 @@ static void test_errors(const en_tokenizer *tok) {
                         "{\"text\": \"the river\"}\n"
                         "[]\n"
                         "{\"prompt\": \"p\", \"completion\": 5}\n"
-                        "{\"text\": \"x\xff\"}\n";
+                        "{\"text\": \"x\xff\"}\n"
+                        /* refused by the template: skipped once, not read on */
+                        "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, "
+                        "{\"role\": \"system\", \"content\": \"s\"}, "
+                        "{\"role\": \"assistant\", \"content\": \"a\"}]}\n";
     const char *pm = path_in("skip.jsonl");
     write_str(pm, mixed);
     const char *pt = path_in("skip.txt");
@@ -1188,7 +1192,7 @@ static void test_errors(const en_tokenizer *tok) {
     CHECK(st == EN_OK, "skip dataset: %s", st == EN_OK ? "" : err.msg);
     if (ds) {
         const en_data_stats *s = en_dataset_stats(ds);
-        CHECK(s->n_bad_skipped == 5 && s->n_records == 4 && s->n_files == 2,
+        CHECK(s->n_bad_skipped == 6 && s->n_records == 4 && s->n_files == 2,
               "skip counts: bad %lld records %lld files %lld", (long long)s->n_bad_skipped,
               (long long)s->n_records, (long long)s->n_files);
         const char *first = en_dataset_first_skipped(ds);
