@@ -1,10 +1,10 @@
 /*
  * openai_generate.c - POST /v1/chat/completions and POST /v1/completions:
- * read and check the request (OpenAI's fields, each error naming its
- * field), render and tokenize the prompt, submit one engine request per
- * choice (n), then either wait for them in the connection's thread and
- * answer one JSON object, or stream Server-Sent Events from MHD's content
- * reader. Both ways watch the client's socket while waiting and cancel the
+ * read and check the request (generate_request.c: OpenAI's fields, each
+ * error naming its field, and the prompt rendered and tokenized), submit
+ * one engine request per choice (n), then either wait for them in the
+ * connection's thread and answer one JSON object, or stream Server-Sent
+ * Events from MHD's content reader. Both ways watch the client's socket while waiting and cancel the
  * engine requests when it hangs up, so its KV blocks come back at once.
  *
  * response_format (response_format.c) constrains the answer to a grammar;
@@ -14,21 +14,16 @@
  * other than n, suffix, prompt log-probabilities (echo works without
  * logprobs), several prompts in one completions request.
  */
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "../rag/ground.h"
-#include "chat_retrieval.h"
+#include "generate_request.h"
 #include "http_impl.h"
-#include "response_format.h"
-#include "retrieve_request.h"
 #include "tools.h"
 
-#define MAX_CHOICES 16
-#define MAX_COMPLETION_LOGPROBS 5
 #define WAIT_S 0.05 /* longest wait on the engine between hang-up checks */
 
 typedef struct choice {
@@ -54,7 +49,7 @@ typedef struct gen {
     const char *model; /* the server's copy or the adapter's name (held by adapter) */
     en_adapter *adapter; /* the "model" named an adapter: a reference, else NULL */
     int n;
-    choice ch[MAX_CHOICES];
+    choice ch[GEN_MAX_CHOICES];
     int logprobs, top_logprobs;
     int stream, include_usage;
     char *echo; /* completions with echo: the prompt text */
@@ -84,338 +79,6 @@ typedef struct gen {
 } gen;
 
 enum { PHASE_START = 0, PHASE_RUN, PHASE_END };
-
-/* ---- request fields ---- */
-
-static int parse_stop(const json_t *j, const char **stops, int *n_stop, int max_user, oa_err *e) {
-    const json_t *v = json_object_get(j, "stop");
-    if (!v || json_is_null(v)) return 0;
-    if (json_is_string(v)) {
-        if (json_string_length(v) > 256)
-            return oa_fail(e, 400, NULL, "stop", "stop strings are at most 256 bytes");
-        if (json_string_length(v)) stops[(*n_stop)++] = json_string_value(v);
-        return 0;
-    }
-    if (!json_is_array(v))
-        return oa_fail(e, 400, NULL, "stop", "stop must be a string or an array of strings");
-    if ((int)json_array_size(v) > max_user)
-        return oa_fail(e, 400, NULL, "stop", "stop takes at most %d strings here", max_user);
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        const json_t *s = json_array_get(v, i);
-        char p[32];
-        snprintf(p, sizeof p, "stop[%zu]", i);
-        if (!json_is_string(s)) return oa_fail(e, 400, NULL, p, "%s must be a string", p);
-        if (json_string_length(s) > 256)
-            return oa_fail(e, 400, NULL, p, "stop strings are at most 256 bytes");
-        /* An empty stop string would end every answer at once: skip it. */
-        if (json_string_length(s)) stops[(*n_stop)++] = json_string_value(s);
-    }
-    return 0;
-}
-
-/* The fields chat and completions share. */
-static int parse_common(const json_t *j, gen *g, en_gen_params *gp, long long *max_tokens,
-                        uint64_t *seed, int *seeded, oa_err *e) {
-    const char *model = NULL;
-    if (oa_get_str(j, "model", NULL, &model, e)) return -1;
-    if (srv_pick_model(g->srv, model, &g->adapter, e)) return -1;
-    if (g->adapter) g->model = en_adapter_name(g->adapter);
-    /* max_completion_tokens is the newer name; it wins when both are set. */
-    if (oa_get_int(j, "max_tokens", NULL, 1, INT_MAX, max_tokens, e)) return -1;
-    if (oa_get_int(j, "max_completion_tokens", NULL, 1, INT_MAX, max_tokens, e)) return -1;
-    double d = 1.0;
-    if (oa_get_num(j, "temperature", NULL, 0, 2, 0, &d, e)) return -1;
-    gp->sampling.temperature = (float)d;
-    d = 1.0;
-    if (oa_get_num(j, "top_p", NULL, 0, 1, 1, &d, e)) return -1;
-    gp->sampling.top_p = (float)d;
-    long long k = 0;
-    if (oa_get_int(j, "top_k", NULL, 0, INT_MAX, &k, e)) return -1;
-    gp->sampling.top_k = (int)k;
-    d = 0;
-    if (oa_get_num(j, "presence_penalty", NULL, -2, 2, 0, &d, e)) return -1;
-    gp->sampling.presence_penalty = (float)d;
-    d = 0;
-    if (oa_get_num(j, "frequency_penalty", NULL, -2, 2, 0, &d, e)) return -1;
-    gp->sampling.frequency_penalty = (float)d;
-    long long sd = LLONG_MIN;
-    if (oa_get_int(j, "seed", NULL, LLONG_MIN + 1, LLONG_MAX, &sd, e)) return -1;
-    if (sd != LLONG_MIN) {
-        *seed = (uint64_t)sd;
-        *seeded = 1;
-    }
-    long long n = 1;
-    if (oa_get_int(j, "n", NULL, 1, MAX_CHOICES, &n, e)) return -1;
-    g->n = (int)n;
-    if (oa_get_bool(j, "stream", NULL, &g->stream, e)) return -1;
-    const json_t *so = json_object_get(j, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so))
-            return oa_fail(e, 400, NULL, "stream_options", "stream_options must be an object");
-        if (oa_get_bool(so, "include_usage", "stream_options.include_usage", &g->include_usage,
-                        e))
-            return -1;
-    }
-    return 0;
-}
-
-/* Join the text parts of a content array, without a separator: as the
- * template renderer (chat_template.c) and so fine-tuning join them. */
-static int content_parts(const json_t *c, int i, char **owned, oa_err *e) {
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    char p[64];
-    for (size_t k = 0; k < json_array_size(c); k++) {
-        const json_t *part = json_array_get(c, k);
-        snprintf(p, sizeof p, "messages[%d].content[%zu]", i, k);
-        const json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
-        const json_t *text = json_is_object(part) ? json_object_get(part, "text") : NULL;
-        if (!json_is_object(part) || !json_is_string(type)) {
-            en_free(buf);
-            return oa_fail(e, 400, NULL, p, "%s must be an object with a \"type\"", p);
-        }
-        if (strcmp(json_string_value(type), "text") != 0) {
-            en_free(buf);
-            snprintf(p, sizeof p, "messages[%d].content[%zu].type", i, k);
-            return oa_fail(e, 400, NULL, p, "content parts of type '%s' are not supported (only "
-                           "\"text\")", json_string_value(type));
-        }
-        if (!json_is_string(text)) {
-            en_free(buf);
-            snprintf(p, sizeof p, "messages[%d].content[%zu].text", i, k);
-            return oa_fail(e, 400, NULL, p, "%s must be a string", p);
-        }
-        if (!buf_append(&buf, &len, &cap, json_string_value(text), json_string_length(text))) {
-            en_free(buf);
-            return oa_fail(e, 500, NULL, NULL, "out of memory");
-        }
-    }
-    if (!buf && !buf_append(&buf, &len, &cap, "", 0))
-        return oa_fail(e, 500, NULL, NULL, "out of memory");
-    *owned = buf;
-    return 0;
-}
-
-/* One message of the request, checked, as the template will see it: a
- * shallow copy whose content is a string (text parts joined). Built-in
- * templates know system, user and assistant only; a Jinja template gets
- * any role (tool, ...) and the other fields (tool_calls, name, ...). */
-static json_t *chat_message(const json_t *msg, int i, int builtin, oa_err *e) {
-    char p[64];
-    snprintf(p, sizeof p, "messages[%d]", i);
-    if (!json_is_object(msg)) {
-        oa_fail(e, 400, NULL, p, "%s must be an object", p);
-        return NULL;
-    }
-    const json_t *role = json_object_get(msg, "role");
-    snprintf(p, sizeof p, "messages[%d].role", i);
-    if (!json_is_string(role)) {
-        oa_fail(e, 400, NULL, p, "%s must be a string", p);
-        return NULL;
-    }
-    const char *rs = json_string_value(role);
-    if (builtin && strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
-        strcmp(rs, "tool")) { /* tool turns become user turns (chat_tools.h) */
-        oa_fail(e, 400, NULL, p, "%s '%s' is not supported (use system, user, assistant or "
-                "tool)", p, rs);
-        return NULL;
-    }
-    const json_t *c = json_object_get(msg, "content");
-    snprintf(p, sizeof p, "messages[%d].content", i);
-    json_t *content = NULL;
-    if (json_is_string(c)) {
-        content = json_incref((json_t *)c);
-    } else if (json_is_array(c)) {
-        char *joined = NULL;
-        if (content_parts(c, i, &joined, e)) return NULL;
-        content = json_string(joined);
-        en_free(joined);
-    } else if ((!c || json_is_null(c)) && (strcmp(rs, "assistant") == 0 || !builtin)) {
-        /* an assistant turn that only called tools; Jinja templates see null */
-        content = builtin ? json_string("") : json_null();
-    } else {
-        oa_fail(e, 400, NULL, p, "%s must be a string or an array of text parts", p);
-        return NULL;
-    }
-    json_t *copy = json_copy((json_t *)msg);
-    if (!content || !copy || json_object_set_new(copy, "content", content) != 0) {
-        json_decref(copy);
-        oa_fail(e, 500, NULL, NULL, "out of memory");
-        return NULL;
-    }
-    return copy;
-}
-
-/* The template's extra variables: "tools" and "documents" from the request,
- * and the keys of "chat_template_kwargs" (e.g. {"enable_thinking": false}),
- * the field vLLM and llama.cpp's server take for them. */
-static json_t *chat_extra(const json_t *j, oa_err *e) {
-    json_t *extra = json_object();
-    const char *keys[2] = {"tools", "documents"};
-    for (int k = 0; extra && k < 2; k++) {
-        const json_t *v = json_object_get(j, keys[k]);
-        if (v && !json_is_null(v) && !json_is_array(v)) {
-            json_decref(extra);
-            oa_fail(e, 400, NULL, keys[k], "%s must be an array", keys[k]);
-            return NULL;
-        }
-        if (v && !json_is_null(v)) json_object_set(extra, keys[k], (json_t *)v);
-    }
-    const json_t *kw = json_object_get(j, "chat_template_kwargs");
-    if (kw && !json_is_null(kw) && !json_is_object(kw)) {
-        json_decref(extra);
-        oa_fail(e, 400, NULL, "chat_template_kwargs", "chat_template_kwargs must be an object");
-        return NULL;
-    }
-    if (extra && json_is_object(kw)) json_object_update(extra, (json_t *)kw);
-    if (!extra) oa_fail(e, 500, NULL, NULL, "out of memory");
-    return extra;
-}
-
-/* messages -> rendered prompt ids (en_malloc'd), with the model's template.
- * A template error (it raised, or refused the conversation) is a 400 that
- * quotes it. */
-static int chat_prompt(const json_t *j, const en_chat_template *tmpl, const en_tokenizer *tok,
-                       const gen *g, int32_t **ids, size_t *n_ids, oa_err *e) {
-    const json_t *m = json_object_get(j, "messages");
-    if (!m || json_is_null(m))
-        return oa_fail(e, 400, NULL, "messages", "messages is required");
-    if (!json_is_array(m) || json_array_size(m) == 0)
-        return oa_fail(e, 400, NULL, "messages", "messages must be a non-empty array");
-    int builtin = !en_chat_template_is_jinja(tmpl, NULL);
-    json_t *msgs = json_array(), *extra = NULL;
-    en_chat_render *rd = NULL;
-    int rc = -1;
-    if (!msgs) return oa_fail(e, 500, NULL, NULL, "out of memory");
-    for (size_t i = 0; i < json_array_size(m); i++) {
-        json_t *one = chat_message(json_array_get(m, i), (int)i, builtin, e);
-        if (!one) goto done;
-        json_array_append_new(msgs, one);
-    }
-    if (!(extra = chat_extra(j, e))) goto done;
-    en_err err = {0};
-    json_t *prepared = NULL;
-    int tools_var = 0;
-    char field[96];
-    if (en_chat_tools_prepare(g->tools.fmt, msgs, g->tools.tools, &prepared, &tools_var, field,
-                              sizeof field, &err) != EN_OK) {
-        int oom = err.status == EN_ERR_NOMEM;
-        oa_fail(e, oom ? 500 : 400, NULL, oom ? NULL : field, "%s", err.msg);
-        goto done;
-    }
-    json_decref(msgs);
-    msgs = prepared;
-    if (!tools_var) json_object_del(extra, "tools"); /* the default format wrote them */
-    if (g->n_hits) { /* the passages go in after the messages were checked */
-        json_t *grounded = NULL;
-        en_ground_mode mode = en_ground_mode_of(en_chat_template_source(tmpl));
-        if (en_ground_apply(msgs, g->hits, g->n_hits, mode, extra, &grounded, &err)) {
-            oa_fail(e, 500, NULL, NULL, "out of memory");
-            goto done;
-        }
-        json_decref(msgs);
-        msgs = grounded;
-    }
-    if (en_chat_template_render(tmpl, msgs, extra, 1, 0, &rd, &err) != EN_OK) {
-        oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL, "messages", "messages: %s",
-                err.msg);
-        goto done;
-    }
-    if (en_chat_render_encode(rd, tok, en_tokenizer_adds_bos(tok), 0, ids, NULL, n_ids, &err) !=
-        EN_OK) {
-        oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL, "messages", "messages: %s",
-                err.msg);
-        goto done;
-    }
-    rc = 0;
-done:
-    en_chat_render_destroy(rd);
-    json_decref(msgs);
-    json_decref(extra);
-    return rc;
-}
-
-/* Token ids given directly: each must be in the vocabulary. */
-static int prompt_ids(const json_t *a, const char *param, const en_tokenizer *tok, int32_t **ids,
-                      size_t *n_ids, oa_err *e) {
-    size_t n = json_array_size(a);
-    int32_t nv = en_tokenizer_n_vocab(tok);
-    *ids = en_malloc((n ? n : 1) * sizeof(int32_t));
-    if (!*ids) return oa_fail(e, 500, NULL, NULL, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        const json_t *v = json_array_get(a, i);
-        char p[48];
-        snprintf(p, sizeof p, "%s[%zu]", param, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= nv) {
-            en_free(*ids);
-            return oa_fail(e, 400, NULL, p, "%s must be a token id from 0 to %d", p, nv - 1);
-        }
-        (*ids)[i] = (int32_t)json_integer_value(v);
-    }
-    *n_ids = n;
-    return 0;
-}
-
-/* prompt -> ids; with echo also the prompt's text. */
-static int completion_prompt(const json_t *j, gen *g, int echo, int32_t **ids, size_t *n_ids,
-                             oa_err *e) {
-    const json_t *p = json_object_get(j, "prompt");
-    if (!p || json_is_null(p)) return oa_fail(e, 400, NULL, "prompt", "prompt is required");
-    const char *text = NULL;
-    size_t text_len = 0;
-    if (json_is_string(p)) {
-        text = json_string_value(p);
-        text_len = json_string_length(p);
-    } else if (json_is_array(p)) {
-        size_t n = json_array_size(p);
-        const json_t *first = json_array_get(p, 0);
-        if (n == 0) return oa_fail(e, 400, NULL, "prompt", "prompt must not be empty");
-        if (json_is_string(first) || json_is_array(first)) {
-            /* A list of prompts: we take exactly one. */
-            if (n > 1)
-                return oa_fail(e, 400, NULL, "prompt",
-                               "only one prompt per request is supported (got %zu)", n);
-            if (json_is_string(first)) {
-                text = json_string_value(first);
-                text_len = json_string_length(first);
-            } else if (prompt_ids(first, "prompt[0]", g->tok, ids, n_ids, e)) {
-                return -1;
-            }
-        } else if (prompt_ids(p, "prompt", g->tok, ids, n_ids, e)) {
-            return -1;
-        }
-    } else {
-        return oa_fail(e, 400, NULL, "prompt",
-                       "prompt must be a string, an array of token ids or an array with one "
-                       "string");
-    }
-    if (text) {
-        en_err err = {0};
-        if (en_tokenizer_encode(g->tok, text, text_len, 1, ids, n_ids, &err) != EN_OK)
-            return oa_fail(e, err.status == EN_ERR_NOMEM ? 500 : 400, NULL, "prompt",
-                           "prompt: %s", err.msg);
-    }
-    if (*n_ids == 0) {
-        en_free(*ids);
-        return oa_fail(e, 400, NULL, "prompt", "the prompt is empty");
-    }
-    if (echo) {
-        if (text) {
-            g->echo = en_malloc(text_len + 1);
-            if (g->echo) memcpy(g->echo, text, text_len), g->echo[text_len] = 0;
-            g->echo_len = text_len;
-        } else {
-            en_err err = {0};
-            if (en_tokenizer_decode(g->tok, *ids, *n_ids, &g->echo, &g->echo_len, &err) != EN_OK)
-                g->echo = NULL;
-        }
-        if (!g->echo) {
-            en_free(*ids);
-            return oa_fail(e, 500, NULL, NULL, "out of memory");
-        }
-    }
-    return 0;
-}
 
 /* ---- log-probabilities in OpenAI's shapes ---- */
 
@@ -863,73 +526,6 @@ static int submit_error(const en_err *err, int chat, oa_err *e) {
     }
 }
 
-/* The chat fields: logprobs, retrieval, tools (a required call's mask
- * into *gmask, refused beside a response_format mask) and the prompt. */
-static int chat_fields(http_req *r, const json_t *j, gen *g, const en_chat_template *tmpl,
-                       en_gmask **gmask, int32_t **ids, size_t *n_ids, oa_err *e) {
-    int lp = 0;
-    long long top = 0;
-    if (oa_get_bool(j, "logprobs", NULL, &lp, e)) return -1;
-    if (oa_get_int(j, "top_logprobs", NULL, 0, EN_MAX_TOP_LOGPROBS, &top, e)) return -1;
-    if (top > 0 && !lp) {
-        oa_fail(e, 400, NULL, "top_logprobs", "top_logprobs needs logprobs set to true");
-        return -1;
-    }
-    g->logprobs = lp;
-    g->top_logprobs = (int)top;
-    int top_k = 0;
-    if (retrieval_field_parse(j, &top_k, e)) return -1;
-    if (top_k) {
-        g->retrieval = 1;
-        if (chat_retrieve(r, j, top_k, &g->hits, &g->n_hits, e)) return -1;
-    }
-    if (tools_parse(j, tmpl, &g->tools, e)) return -1;
-    if (g->tools.choice == TOOL_REQUIRED || g->tools.choice == TOOL_NAMED) {
-        if (*gmask) {
-            oa_fail(e, 400, NULL, "tool_choice", "tool_choice '%s' constrains the answer "
-                    "to a call, and response_format constrains it too: send one of them",
-                    g->tools.choice == TOOL_NAMED ? "function" : "required");
-            return -1;
-        }
-        if (tools_mask(r->srv, &g->tools, gmask, e)) return -1;
-    }
-    if (chat_prompt(j, tmpl, g->tok, g, ids, n_ids, e)) return -1;
-    return 0;
-}
-
-/* The completions fields: logprobs, echo, suffix, best_of, the prompt. */
-static int completion_fields(const json_t *j, gen *g, int n_choices, int32_t **ids,
-                             size_t *n_ids, oa_err *e) {
-    long long lp = -1;
-    int echo = 0;
-    if (oa_get_int(j, "logprobs", NULL, 0, MAX_COMPLETION_LOGPROBS, &lp, e)) return -1;
-    if (oa_get_bool(j, "echo", NULL, &echo, e)) return -1;
-    const char *suffix = NULL;
-    if (oa_get_str(j, "suffix", NULL, &suffix, e)) return -1;
-    if (suffix && *suffix) {
-        oa_fail(e, 400, NULL, "suffix", "suffix (insertion) is not supported");
-        return -1;
-    }
-    long long best_of = n_choices;
-    if (oa_get_int(j, "best_of", NULL, 1, MAX_CHOICES, &best_of, e)) return -1;
-    if (best_of != n_choices) {
-        oa_fail(e, 400, NULL, "best_of", "best_of other than n is not supported");
-        return -1;
-    }
-    if (echo && lp >= 0) {
-        oa_fail(e, 400, NULL, "echo",
-                "echo with logprobs is not supported (prompt log-probabilities are not "
-                "computed)");
-        return -1;
-    }
-    g->logprobs = lp >= 0;
-    g->top_logprobs = lp > 0 ? (int)lp : 0;
-    if (completion_prompt(j, g, echo, ids, n_ids, e)) return -1;
-    size_t echo_chars = utf8_chars(g->echo, g->echo_len);
-    for (int i = 0; i < MAX_CHOICES; i++) g->ch[i].text_offset = echo_chars;
-    return 0;
-}
-
 /* The requests are queued: stream them from MHD's content reader, or wait
  * here, in the connection's own thread, and answer one object. Owns g. */
 static enum MHD_Result respond(http_req *r, gen *g) {
@@ -1002,10 +598,7 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     const en_chat_template *tmpl = NULL;
     srv_get_model(r->srv, &eng, &tok, &tmpl);
     const en_server_config *cfg = srv_config(r->srv);
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    json_t *j = NULL;
-    en_gmask *gmask = NULL; /* response_format: our reference */
+    gen_req q = {0};
     gen *g = en_calloc(1, sizeof *g);
     if (!g) return MHD_NO;
     g->srv = r->srv;
@@ -1022,62 +615,42 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     g->t0 = r->t0;
     g->n = 0; /* nothing to release until the requests exist */
 
-    j = oa_parse_body(r->body, r->body_len, &e);
-    if (!j) goto fail;
+    if (gen_req_parse(r, chat, tok, tmpl, en_engine_n_ctx(eng), &q, &e)) goto fail;
+    /* g takes what the answer needs: the adapter, echo, passages, tools */
+    g->adapter = q.adapter;
+    q.adapter = NULL;
+    if (g->adapter) g->model = en_adapter_name(g->adapter);
+    g->stream = q.stream;
+    g->include_usage = q.include_usage;
+    g->logprobs = q.logprobs;
+    g->top_logprobs = q.top_logprobs;
+    g->echo = q.echo;
+    g->echo_len = q.echo_len;
+    q.echo = NULL;
+    size_t echo_chars = utf8_chars(g->echo, g->echo_len);
+    for (int i = 0; i < GEN_MAX_CHOICES; i++) g->ch[i].text_offset = echo_chars;
+    g->retrieval = q.retrieval;
+    g->hits = q.hits;
+    g->n_hits = q.n_hits;
+    q.hits = NULL;
+    q.n_hits = 0;
+    g->tools = q.tools;
+
     en_gen_params gp = en_gen_params_default();
-    gp.sampling = en_sampler_config_default();
-    long long max_tokens = -1;
-    uint64_t seed = 0;
-    int seeded = 0;
-    if (parse_common(j, g, &gp, &max_tokens, &seed, &seeded, &e)) goto fail;
-    int n_choices = g->n;
-    g->n = 0;
-
-    if (response_format_parse(r->srv, j, &gmask, &e)) goto fail;
-    const char *stops[EN_MAX_STOPS];
-    int n_stop = 0, n_tmpl = 0;
-    const char *const *tmpl_stops = NULL;
-    if (chat) tmpl_stops = en_chat_template_stops(tmpl, &n_tmpl);
-    if (parse_stop(j, stops, &n_stop, EN_MAX_STOPS - n_tmpl, &e)) goto fail;
-    for (int i = 0; i < n_tmpl; i++) stops[n_stop++] = tmpl_stops[i];
-
-    if (chat ? chat_fields(r, j, g, tmpl, &gmask, &ids, &n_ids, &e)
-             : completion_fields(j, g, n_choices, &ids, &n_ids, &e))
-        goto fail;
-
-    /* The context must hold the prompt and the whole answer (the engine
-     * reserves KV blocks for both when it admits the request). */
-    int n_ctx = en_engine_n_ctx(eng);
-    const char *what = chat ? "messages" : "prompt";
-    if ((long long)n_ids >= n_ctx) {
-        oa_fail(&e, 400, "context_length_exceeded", what,
-                "This model's maximum context length is %d tokens. However, your %s resulted "
-                "in %zu tokens. Please reduce the length of the %s.",
-                n_ctx, what, n_ids, what);
-        goto fail;
-    }
-    if (max_tokens < 0) max_tokens = n_ctx - (long long)n_ids;
-    if ((long long)n_ids + max_tokens > n_ctx) {
-        oa_fail(&e, 400, "context_length_exceeded", what,
-                "This model's maximum context length is %d tokens. However, you requested %lld "
-                "tokens (%zu in the %s, %lld in the completion). Please reduce the length of "
-                "the %s or completion.",
-                n_ctx, (long long)n_ids + max_tokens, n_ids, what, max_tokens, what);
-        goto fail;
-    }
-    gp.max_tokens = (int)max_tokens;
-    gp.gmask = gmask; /* each request takes its own reference */
-    gp.stop = stops;
-    gp.n_stop = n_stop;
-    gp.logprobs = g->logprobs;
-    gp.top_logprobs = g->top_logprobs;
+    gp.sampling = q.sampling;
+    gp.max_tokens = q.max_tokens;
+    gp.gmask = q.gmask; /* each request takes its own reference */
+    gp.stop = q.stops;
+    gp.n_stop = q.n_stop;
+    gp.logprobs = q.logprobs;
+    gp.top_logprobs = q.top_logprobs;
     /* The answer's first piece may carry the SentencePiece-style space that
      * decoding an answer on its own drops (byte-level tokenizers have none). */
     gp.strip_leading_space = chat && en_tokenizer_decode_strips_space(tok);
     gp.end_of_turn = chat ? en_chat_template_eot(tmpl) : NULL;
-    g->prompt_tokens = (int)n_ids;
-    r->prompt_tokens = (int)n_ids;
-    if (!seeded) seed = srv_random_seed(r->srv);
+    g->prompt_tokens = (int)q.n_ids;
+    r->prompt_tokens = (int)q.n_ids;
+    uint64_t seed = q.seeded ? q.seed : srv_random_seed(r->srv);
     en_rng_seed(&g->rng, srv_random_seed(r->srv));
 
     if (!srv_active_begin(r->srv)) {
@@ -1085,11 +658,11 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
         goto fail;
     }
     g->counted = 1;
-    for (int i = 0; i < n_choices; i++) {
+    for (int i = 0; i < q.n; i++) {
         en_err err = {0};
         gp.sampling.seed = seed + (uint64_t)i;
         gp.adapter = g->adapter ? en_adapter_retain(g->adapter) : NULL; /* each its own */
-        if (en_engine_submit(eng, ids, (int)n_ids, &gp, &g->ch[i].req, &err) != EN_OK) {
+        if (en_engine_submit(eng, q.ids, (int)q.n_ids, &gp, &g->ch[i].req, &err) != EN_OK) {
             en_adapter_release(gp.adapter);
             g->ch[i].req = NULL;
             submit_error(&err, chat, &e);
@@ -1100,18 +673,12 @@ enum MHD_Result openai_generate(http_req *r, int chat) {
     }
     g->tool_calls = chat && tools_active(&g->tools);
     g->tools.tools = NULL; /* it borrowed the body, which goes now */
-    en_free(ids);
-    json_decref(j);
-    j = NULL;
-    en_gmask_destroy(gmask);
-    gmask = NULL;
+    gen_req_free(&q);
 
     return respond(r, g);
 
 fail:
-    en_free(ids);
-    json_decref(j);
-    en_gmask_destroy(gmask);
+    gen_req_free(&q);
     gen_destroy(g);
     return http_send_error(r, &e);
 }
