@@ -23,10 +23,11 @@ test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The same tests built with AddressSanitizer + UBSan (CUDA off: the sanitizers
-# cover host code; the CUDA objects are already compiled by the main build).
+# cover host code; the CUDA objects are already compiled by the main build),
+# and with fault injection (common/fault.h), which test_faults uses.
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DENERGON_SANITIZE=ON \
-	      -DENERGON_CUDA=OFF -DENERGON_WERROR=ON $(CMAKE_FLAGS)
+	      -DENERGON_FAULTS=ON -DENERGON_CUDA=OFF -DENERGON_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

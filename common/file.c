@@ -3,6 +3,8 @@
  */
 #include "file.h"
 
+#include "fault.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -129,14 +131,73 @@ void en_mmap_close(en_mmap *m) {
     m->size = 0;
 }
 
+/* ---- the primitives every writer goes through (fault.h hooks) ---- */
+
+/* errno := e, return -1: a fault injected as the call's own failure. */
+static int fail_with(int e) {
+    errno = e;
+    return -1;
+}
+
+int en_file_fwrite(void *fp, const void *data, size_t len) {
+    int e = en_fault_hit(EN_FAULT_WRITE);
+    if (e) return fail_with(e);
+    errno = 0;
+    if (len && fwrite(data, 1, len, (FILE *)fp) != len) return fail_with(errno ? errno : EIO);
+    return 0;
+}
+
+int en_write_fd(int fd, const void *data, size_t len) {
+    int e = en_fault_hit(EN_FAULT_WRITE);
+    if (e) return fail_with(e);
+    const unsigned char *p = data;
+    while (len) {
+        ssize_t put = write(fd, p, len);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return put < 0 ? -1 : fail_with(EIO);
+        p += put;
+        len -= (size_t)put;
+    }
+    return 0;
+}
+
+int en_fsync_fd(int fd) {
+    int e = en_fault_hit(EN_FAULT_FSYNC);
+    return e ? fail_with(e) : fsync(fd);
+}
+
+int en_file_flush(void *fp) {
+    int e = en_fault_hit(EN_FAULT_FSYNC);
+    if (e) return fail_with(e);
+    return fflush((FILE *)fp) == 0 && fsync(fileno((FILE *)fp)) == 0 ? 0 : -1;
+}
+
+int en_fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = en_fsync_fd(fd);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+int en_rename(const char *from, const char *to) {
+    int e = en_fault_hit(EN_FAULT_RENAME);
+    return e ? fail_with(e) : rename(from, to);
+}
+
+int en_rename_exchange(const char *a, const char *b) {
+    int e = en_fault_hit(EN_FAULT_RENAME);
+    return e ? fail_with(e) : renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
+}
+
+/* Failures are ignored: the file itself is durable; only its name could
+ * be lost in a crash right after. */
 static void fsync_dir_of(const char *path) {
     char *copy = strdup(path);
     if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
+    en_fsync_path(dirname(copy));
     free(copy);
 }
 
@@ -164,7 +225,7 @@ en_status en_file_writer_open(en_file_writer *w, const char *path, en_err *err) 
 
 en_status en_file_writer_write(en_file_writer *w, const void *data, size_t len, en_err *err) {
     if (w->failed) return EN_ERR(err, EN_ERR_IO, "%s: earlier write failed", w->path);
-    if (len && fwrite(data, 1, len, (FILE *)w->fp) != len) {
+    if (en_file_fwrite(w->fp, data, len) != 0) {
         w->failed = 1;
         return EN_ERR(err, EN_ERR_IO, "%s: write failed: %s", w->tmp_path, strerror(errno));
     }
@@ -175,12 +236,12 @@ en_status en_file_writer_commit(en_file_writer *w, en_err *err) {
     FILE *f = w->fp;
     en_status s = EN_OK;
     if (w->failed) s = EN_ERR(err, EN_ERR_IO, "%s: earlier write failed", w->path);
-    if (s == EN_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+    if (s == EN_OK && en_file_flush(f) != 0)
         s = EN_ERR(err, EN_ERR_IO, "%s: flush failed: %s", w->tmp_path, strerror(errno));
     if (fclose(f) != 0 && s == EN_OK)
         s = EN_ERR(err, EN_ERR_IO, "%s: close failed: %s", w->tmp_path, strerror(errno));
     w->fp = NULL;
-    if (s == EN_OK && rename(w->tmp_path, w->path) != 0)
+    if (s == EN_OK && en_rename(w->tmp_path, w->path) != 0)
         s = EN_ERR(err, EN_ERR_IO, "%s: rename failed: %s", w->path, strerror(errno));
     if (s != EN_OK)
         unlink(w->tmp_path);

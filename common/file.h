@@ -41,6 +41,21 @@ en_status en_file_writer_write(en_file_writer *w, const void *data, size_t len, 
 en_status en_file_writer_commit(en_file_writer *w, en_err *err); /* fsync + rename */
 void en_file_writer_abort(en_file_writer *w); /* remove the temporary file */
 
+/* The primitives every writer of energon goes through, so that a test build
+ * can fail them (fault.h). Each returns 0, or -1 with errno set.
+ * en_file_fwrite: all of len bytes to a FILE *; en_write_fd: all of len bytes
+ * to a file descriptor (EINTR retried); en_file_flush: fflush and
+ * fsync a FILE *; en_fsync_fd / en_fsync_path: fsync a file or directory;
+ * en_rename: rename(2); en_rename_exchange: swap two paths atomically
+ * (renameat2 RENAME_EXCHANGE; EINVAL/ENOSYS where the filesystem lacks it). */
+int en_file_fwrite(void *fp, const void *data, size_t len);
+int en_write_fd(int fd, const void *data, size_t len);
+int en_file_flush(void *fp);
+int en_fsync_fd(int fd);
+int en_fsync_path(const char *path);
+int en_rename(const char *from, const char *to);
+int en_rename_exchange(const char *a, const char *b);
+
 /* zlib crc32 of a buffer, chainable: crc = en_crc32(crc, buf, n), start at 0. */
 uint32_t en_crc32(uint32_t crc, const void *buf, size_t n);
 

@@ -4,6 +4,8 @@
  */
 #include "status.h"
 
+#include "fault.h"
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -124,7 +126,7 @@ static void mem_add(size_t n) {
 }
 
 void *en_malloc(size_t n) {
-    if (n > SIZE_MAX - EN_MEM_HDR) return NULL;
+    if (n > SIZE_MAX - EN_MEM_HDR || en_fault_hit(EN_FAULT_ALLOC)) return NULL;
     unsigned char *p = malloc(n + EN_MEM_HDR);
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
@@ -153,7 +155,7 @@ char *en_strdup(const char *s) { return s ? en_strndup(s, strlen(s)) : NULL; }
 
 void *en_realloc(void *p, size_t n) {
     if (!p) return en_malloc(n);
-    if (n > SIZE_MAX - EN_MEM_HDR) return NULL;
+    if (n > SIZE_MAX - EN_MEM_HDR || en_fault_hit(EN_FAULT_ALLOC)) return NULL;
     unsigned char *base = (unsigned char *)p - EN_MEM_HDR;
     size_t old;
     memcpy(&old, base, sizeof old);

@@ -117,17 +117,6 @@ static int rm_rf(const char *path) {
     return lstat(path, &st) == 0 ? -1 : 0;
 }
 
-/* fsync a file or directory by path. */
-static int fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    errno = e;
-    return rc;
-}
-
 /* Size and crc32 of a file, streamed in 1 MiB pieces so that a checkpoint of
  * many gigabytes never has to fit in memory. */
 static en_status file_crc(const char *path, uint64_t *bytes, uint32_t *crc, en_err *err) {
@@ -293,9 +282,9 @@ static en_status verify_impl(const char *dir, int64_t *step_out, int check_crc, 
     en_err rerr;
     en_status s = en_file_read_all(mpath, &text, &len, &rerr);
     en_free(mpath);
-    if (s != EN_OK)
-        return EN_ERR(err, EN_ERR_FORMAT, "checkpoint %s: cannot read " EN_CKPT_MANIFEST ": %s",
-                      dir, rerr.msg);
+    if (s != EN_OK) /* out of memory is not the checkpoint's fault: prune keeps it */
+        return EN_ERR(err, s == EN_ERR_NOMEM ? EN_ERR_NOMEM : EN_ERR_FORMAT,
+                      "checkpoint %s: cannot read " EN_CKPT_MANIFEST ": %s", dir, rerr.msg);
     json_error_t jerr;
     json_t *root = json_loadb(text, len, 0, &jerr);
     en_free(text);
@@ -522,20 +511,11 @@ en_status en_ckpt_write_file(en_ckpt_writer *w, const char *name, const void *da
         s = EN_ERR(err, EN_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
         goto fail;
     }
-    const unsigned char *p = data;
-    size_t left = len;
-    while (left) {
-        ssize_t put = write(fd, p, left);
-        if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) {
-            s = EN_ERR(err, EN_ERR_IO, "%s: write failed: %s", path,
-                       put < 0 ? strerror(errno) : "no progress");
-            close(fd);
-            unlink(path);
-            goto fail;
-        }
-        p += put;
-        left -= (size_t)put;
+    if (en_write_fd(fd, data, len) != 0) {
+        s = EN_ERR(err, EN_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        close(fd);
+        unlink(path);
+        goto fail;
     }
     if (close(fd) != 0) {
         s = EN_ERR(err, EN_ERR_IO, "%s: close failed: %s", path, strerror(errno));
@@ -620,7 +600,7 @@ static en_status check_and_sync_files(en_ckpt_writer *w, en_err *err) {
                        "recorded %llu)",
                        w->tmp_dir, w->files[i].name, (unsigned long long)st.st_size,
                        (unsigned long long)w->files[i].bytes);
-        else if (fsync_path(p) != 0)
+        else if (en_fsync_path(p) != 0)
             s = EN_ERR(err, EN_ERR_IO, "%s: fsync failed: %s", p, strerror(errno));
         en_free(p);
     }
@@ -663,8 +643,8 @@ static en_status write_manifest(en_ckpt_writer *w, en_err *err) {
             close(fd);
             s = EN_ERR(err, EN_ERR_IO, "%s: %s", path, strerror(errno));
         } else {
-            int bad = fwrite(text, 1, len, f) != len || fputc('\n', f) == EOF || fflush(f) != 0 ||
-                      fsync(fileno(f)) != 0;
+            text[len] = '\n'; /* jansson's NUL: the file ends with a newline */
+            int bad = en_file_fwrite(f, text, len + 1) != 0 || en_file_flush(f) != 0;
             if (fclose(f) != 0) bad = 1;
             if (bad) s = EN_ERR(err, EN_ERR_IO, "%s: write failed: %s", path, strerror(errno));
         }
@@ -680,7 +660,7 @@ static int delete_checkpoint(const char *root, const char *name) {
     snprintf(aside, sizeof aside, TMP_PREFIX "delete-%s-%ld", name, (long)getpid());
     char *src = en_path_join(root, name), *dst = en_path_join(root, aside);
     int rc = -1;
-    if (src && dst) rc = rename(src, dst) == 0 ? rm_rf(dst) : -1;
+    if (src && dst) rc = en_rename(src, dst) == 0 ? rm_rf(dst) : -1;
     en_free(src);
     en_free(dst);
     return rc;
@@ -701,8 +681,12 @@ static void prune(const char *root, const char *final_name, int keep) {
         if (strcmp(l.steps[i].name, final_name) == 0) continue;
         char *p = en_path_join(root, l.steps[i].name);
         if (!p) break;
-        int ok = verify_impl(p, NULL, 0, &err) == EN_OK;
-        if (ok && kept < keep) {
+        en_status vs = verify_impl(p, NULL, 0, &err);
+        int ok = vs == EN_OK;
+        if (vs == EN_ERR_NOMEM) {
+            /* could not check it: never delete what may be good */
+            EN_LOGW("keeping old checkpoint %s: %s", p, err.msg);
+        } else if (ok && kept < keep) {
             kept++;
         } else {
             if (!ok) EN_LOGW("removing invalid old checkpoint: %s", err.msg);
@@ -713,7 +697,7 @@ static void prune(const char *root, const char *final_name, int keep) {
         }
         en_free(p);
     }
-    if (removed) fsync_path(root);
+    if (removed) en_fsync_path(root);
     list_free(&l);
 }
 
@@ -729,7 +713,7 @@ en_status en_ckpt_commit(en_ckpt_writer *w, int keep, en_err *err) {
                    "checkpoint %s: an earlier write into it failed; not committing", final_path);
     if (s == EN_OK) s = check_and_sync_files(w, err);
     if (s == EN_OK) s = write_manifest(w, err);
-    if (s == EN_OK && fsync_path(w->tmp_dir) != 0)
+    if (s == EN_OK && en_fsync_path(w->tmp_dir) != 0)
         s = EN_ERR(err, EN_ERR_IO, "%s: fsync failed: %s", w->tmp_dir, strerror(errno));
     if (s == EN_OK) {
         struct stat st;
@@ -739,7 +723,7 @@ en_status en_ckpt_commit(en_ckpt_writer *w, int keep, en_err *err) {
              * that step-N is always either the old or the new checkpoint.
              * The old one ends up under the temporary name and is deleted
              * with it below. */
-            rc = renameat2(AT_FDCWD, w->tmp_dir, AT_FDCWD, final_path, RENAME_EXCHANGE);
+            rc = en_rename_exchange(w->tmp_dir, final_path);
             if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
                 /* No RENAME_EXCHANGE on this filesystem: move the old one
                  * aside first (a crash in between loses only this step). */
@@ -748,25 +732,25 @@ en_status en_ckpt_commit(en_ckpt_writer *w, int keep, en_err *err) {
                          (long)getpid());
                 char *ap = en_path_join(w->root, aside);
                 rc = -1;
-                if (ap && rename(final_path, ap) == 0) {
-                    rc = rename(w->tmp_dir, final_path);
+                if (ap && en_rename(final_path, ap) == 0) {
+                    rc = en_rename(w->tmp_dir, final_path);
                     int e = errno;
                     if (rc == 0)
                         rm_rf(ap);
                     else
-                        rename(ap, final_path); /* put the old one back */
+                        rename(ap, final_path); /* put the old one back (not a fault point) */
                     errno = e;
                 }
                 en_free(ap);
             }
         } else {
-            rc = rename(w->tmp_dir, final_path);
+            rc = en_rename(w->tmp_dir, final_path);
         }
         if (rc != 0)
             s = EN_ERR(err, EN_ERR_IO, "%s: cannot rename checkpoint into place: %s", final_path,
                        strerror(errno));
     }
-    if (s == EN_OK && fsync_path(w->root) != 0)
+    if (s == EN_OK && en_fsync_path(w->root) != 0)
         s = EN_ERR(err, EN_ERR_IO, "%s: fsync failed: %s", w->root, strerror(errno));
     /* On success tmp_dir is gone or holds the replaced checkpoint; on
      * failure it holds the partial one. Either way it goes. */
@@ -814,10 +798,16 @@ en_status en_ckpt_find_latest(const char *run_dir, char **path, int64_t *step,
         }
         en_err verr;
         int64_t got;
-        if (en_ckpt_verify(p, &got, &verr) == EN_OK) {
+        en_status vs = en_ckpt_verify(p, &got, &verr);
+        if (vs == EN_OK) {
             *path = p;
             if (step) *step = got;
             s = EN_OK;
+            break;
+        }
+        if (vs == EN_ERR_NOMEM) { /* not invalid: an older one is not the latest */
+            s = EN_ERR(err, EN_ERR_NOMEM, "%s", verr.msg);
+            en_free(p);
             break;
         }
         report(warn, user, "skipping invalid checkpoint: %s", verr.msg);

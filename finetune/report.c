@@ -7,6 +7,7 @@
 #include "report.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -20,7 +21,7 @@
 /* ==== metrics.jsonl ==== */
 
 struct en_metrics {
-    FILE *fp;
+    int fd; /* O_APPEND */
     char *path;
 };
 
@@ -127,14 +128,15 @@ en_status en_metrics_open(const char *run_dir, int64_t resume_step, en_metrics *
         en_free_impl(m);
         return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     }
+    m->fd = -1;
     sbuf kept = {0};
     en_status s = EN_OK;
     if (resume_step >= 0) s = truncate_for_resume(m->path, resume_step, &kept, err);
     if (s == EN_OK) s = en_file_write_atomic(m->path, kept.p ? kept.p : "", kept.n, err);
     en_free(kept.p);
     if (s == EN_OK) {
-        m->fp = fopen(m->path, "ab");
-        if (!m->fp)
+        m->fd = open(m->path, O_WRONLY | O_APPEND | O_CLOEXEC);
+        if (m->fd < 0)
             s = EN_ERR(err, EN_ERR_IO, "%s: cannot open for appending: %s", m->path,
                        strerror(errno));
     }
@@ -151,15 +153,26 @@ en_status en_metrics_log(en_metrics *m, const char *line, en_err *err) {
     if (!m || !line) return EN_ERR(err, EN_ERR_ARG, "en_metrics_log: NULL argument");
     if (strchr(line, '\n'))
         return EN_ERR(err, EN_ERR_ARG, "%s: a metrics line must not contain a newline", m->path);
-    FILE *f = m->fp;
-    if (fputs(line, f) == EOF || fputc('\n', f) == EOF || fflush(f) != 0)
-        return EN_ERR(err, EN_ERR_IO, "%s: write failed: %s", m->path, strerror(errno));
-    return EN_OK;
+    /* one write(2) of the whole line; if any of it fails, what reached the
+     * file is cut off again, so that no partial line is left behind */
+    size_t n = strlen(line);
+    char *buf = en_malloc(n + 1);
+    if (!buf) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", m->path);
+    memcpy(buf, line, n);
+    buf[n] = '\n';
+    off_t at = lseek(m->fd, 0, SEEK_END);
+    int rc = at < 0 ? -1 : en_write_fd(m->fd, buf, n + 1);
+    en_free(buf);
+    if (rc == 0) return EN_OK;
+    en_status s = EN_ERR(err, EN_ERR_IO, "%s: write failed: %s", m->path, strerror(errno));
+    if (at >= 0 && ftruncate(m->fd, at) != 0)
+        EN_LOGW("%s: could not cut a partly written line: %s", m->path, strerror(errno));
+    return s;
 }
 
 void en_metrics_close(en_metrics *m) {
     if (!m) return;
-    if (m->fp) fclose(m->fp);
+    if (m->fd >= 0) close(m->fd);
     en_free(m->path);
     en_free_impl(m);
 }
