@@ -358,3 +358,96 @@ en_status en_st_write(const char *path, const en_st_writer_item *items, int n, e
     }
     return en_file_writer_commit(&w, err);
 }
+
+/* ---- model.safetensors.index.json ---- */
+
+/* NULL when fn (len bytes) may name a shard beside the index, else what is
+ * wrong with it. */
+static const char *shard_name_problem(const char *fn, size_t len) {
+    static const char ext[] = ".safetensors";
+    const size_t n_ext = sizeof ext - 1;
+    if (len == 0 || strchr(fn, '/') || strchr(fn, '\\') || strstr(fn, ".."))
+        return "must be a plain file name (no '/', no backslash, no '..')";
+    if (len > 255) return "is longer than 255 bytes";
+    if (len <= n_ext || strcmp(fn + len - n_ext, ext) != 0) return "must end in .safetensors";
+    return NULL;
+}
+
+void en_st_index_deinit(en_st_index *idx) {
+    for (int i = 0; i < idx->n_files; i++) en_free(idx->files[i]);
+    en_free(idx->files);
+    idx->n_files = 0;
+    idx->n_tensors = 0;
+}
+
+/* Add fn to the distinct files (a file named before counts once). */
+static en_status index_add_file(en_st_index *idx, const char *fn, size_t len, const char *path,
+                                const char *key, en_err *err) {
+    for (int i = 0; i < idx->n_files; i++)
+        if (strcmp(idx->files[i], fn) == 0) return EN_OK;
+    if (idx->n_files == EN_ST_INDEX_MAX_FILES)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: weight_map['%s']: more than %d distinct shard "
+                      "files", path, key, EN_ST_INDEX_MAX_FILES);
+    char *copy = en_malloc(len + 1);
+    if (!copy) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
+    memcpy(copy, fn, len + 1);
+    idx->files[idx->n_files++] = copy;
+    return EN_OK;
+}
+
+en_status en_st_index_parse(const char *text, size_t len, const char *path, en_st_index *out,
+                            en_err *err) {
+    memset(out, 0, sizeof *out);
+    if (len > EN_ST_INDEX_MAX_BYTES)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: %zu bytes; an index is at most %u", path, len,
+                      EN_ST_INDEX_MAX_BYTES);
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: invalid JSON at line %d, column %d: %s", path,
+                      jerr.line, jerr.column, jerr.text);
+    json_t *wm = json_object_get(root, "weight_map");
+    en_status s = EN_OK;
+    if (!json_is_object(root)) {
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: not a JSON object", path);
+        goto done;
+    }
+    if (!wm) {
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: missing object 'weight_map'", path);
+        goto done;
+    }
+    if (!json_is_object(wm) || json_object_size(wm) == 0) {
+        s = EN_ERR(err, EN_ERR_FORMAT, "%s: 'weight_map' must be a non-empty object of tensor "
+                   "name -> shard file", path);
+        goto done;
+    }
+    size_t cap = json_object_size(wm);
+    out->files = en_calloc(cap < EN_ST_INDEX_MAX_FILES ? cap : EN_ST_INDEX_MAX_FILES,
+                           sizeof *out->files);
+    if (!out->files) {
+        s = EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        if (!json_is_string(val)) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: weight_map['%s'] is not a file name", path, key);
+            goto done;
+        }
+        const char *fn = json_string_value(val);
+        const char *bad = shard_name_problem(fn, json_string_length(val));
+        if (bad) {
+            s = EN_ERR(err, EN_ERR_FORMAT, "%s: weight_map['%s']: shard name '%s' %s", path, key,
+                       fn, bad);
+            goto done;
+        }
+        s = index_add_file(out, fn, json_string_length(val), path, key, err);
+        if (s != EN_OK) goto done;
+        out->n_tensors++;
+    }
+done:
+    json_decref(root);
+    if (s != EN_OK) en_st_index_deinit(out);
+    return s;
+}

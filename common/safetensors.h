@@ -8,7 +8,9 @@
  * get wrong: header length within the file, JSON shape, known dtypes, shapes
  * whose element count times dtype size equals the offset span, offsets inside
  * the data section, and no two tensors overlapping. Every error names the
- * file and, where it applies, the tensor. Used by models/ and finetune/.
+ * file and, where it applies, the tensor. The index of a sharded checkpoint
+ * (model.safetensors.index.json) is read here too (en_st_index_parse).
+ * Used by models/ and finetune/.
  */
 #ifndef EN_SAFETENSORS_H
 #define EN_SAFETENSORS_H
@@ -77,6 +79,31 @@ typedef struct en_st_writer_item {
  * "__metadata__": {"format": "pt"} so that Hugging Face tools accept it. */
 en_status en_st_write(const char *path, const en_st_writer_item *items, int n,
                       en_dtype out_dtype, en_err *err);
+
+/* ---- sharded checkpoints: model.safetensors.index.json ----
+ * {"metadata": {...}, "weight_map": {TENSOR: FILE, ...}} as transformers
+ * writes it; metadata is not read. The files lie beside the index. */
+#define EN_ST_INDEX_MAX_FILES 1024 /* distinct shard files */
+#define EN_ST_INDEX_MAX_BYTES (64u * 1024u * 1024u) /* of index text */
+
+typedef struct en_st_index {
+    char **files;     /* distinct shard file names, in order of first appearance */
+    int n_files;      /* 1..EN_ST_INDEX_MAX_FILES */
+    size_t n_tensors; /* entries of weight_map */
+} en_st_index;
+
+/* Parse len bytes of index text (not NUL-terminated); path only names the
+ * index in messages. Checks: JSON (a duplicate key is an error, naming the
+ * key), an object whose "weight_map" is a non-empty object of strings, each
+ * a plain file name (no '/', no backslash, no "..": never outside the index's
+ * directory) ending in ".safetensors", and at most EN_ST_INDEX_MAX_FILES
+ * distinct files; a file named for many tensors counts once. EN_ERR_FORMAT
+ * with a message starting "PATH: " and naming the field (e.g.
+ * "weight_map['lm_head.weight']"), EN_ERR_NOMEM. On failure *out is empty.
+ * *out is the caller's storage: release it with en_st_index_deinit. */
+en_status en_st_index_parse(const char *text, size_t len, const char *path, en_st_index *out,
+                            en_err *err);
+void en_st_index_deinit(en_st_index *idx); /* a zeroed or deinited idx is a no-op */
 
 /* float <-> half helpers (round to nearest even). */
 float en_f16_to_f32(uint16_t h);

@@ -52,7 +52,6 @@ static en_status shards_open(const char *dir, shard_set *ss, en_err *err) {
     char *single = en_path_join(dir, "model.safetensors");
     char *index = en_path_join(dir, "model.safetensors.index.json");
     en_status s = EN_OK;
-    json_t *root = NULL;
     char *text = NULL;
     if (!single || !index) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
@@ -76,44 +75,13 @@ static en_status shards_open(const char *dir, shard_set *ss, en_err *err) {
     size_t len;
     s = en_file_read_all(index, &text, &len, err);
     if (s != EN_OK) goto done;
-    json_error_t jerr;
-    root = json_loadb(text, len, 0, &jerr);
-    json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
-    if (!json_is_object(wm)) {
-        s = EN_ERR(err, EN_ERR_FORMAT, "%s: missing object 'weight_map'", index);
-        goto done;
-    }
-    /* Distinct shard file names, in order of first appearance. */
-    size_t cap = json_object_size(wm);
-    ss->files = en_calloc(cap ? cap : 1, sizeof(en_st_file));
-    const char **names = en_calloc(cap ? cap : 1, sizeof(char *));
-    if (!ss->files || !names) {
-        en_free(names);
-        s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    int n_names = 0;
-    const char *key;
-    json_t *val;
-    json_object_foreach(wm, key, val) {
-        if (!json_is_string(val)) {
-            en_free(names);
-            s = EN_ERR(err, EN_ERR_FORMAT, "%s: weight_map['%s'] is not a file name", index, key);
-            goto done;
-        }
-        const char *fn = json_string_value(val);
-        if (strchr(fn, '/')) {
-            en_free(names);
-            s = EN_ERR(err, EN_ERR_FORMAT, "%s: shard name '%s' must be a plain file name",
-                       index, fn);
-            goto done;
-        }
-        int seen = 0;
-        for (int i = 0; i < n_names; i++) seen |= strcmp(names[i], fn) == 0;
-        if (!seen) names[n_names++] = fn;
-    }
-    for (int i = 0; i < n_names && s == EN_OK; i++) {
-        char *p = en_path_join(dir, names[i]);
+    en_st_index idx;
+    s = en_st_index_parse(text, len, index, &idx, err);
+    if (s != EN_OK) goto done;
+    ss->files = en_calloc((size_t)idx.n_files, sizeof(en_st_file));
+    if (!ss->files) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < idx.n_files && s == EN_OK; i++) {
+        char *p = en_path_join(dir, idx.files[i]);
         if (!p) {
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
             break;
@@ -122,9 +90,8 @@ static en_status shards_open(const char *dir, shard_set *ss, en_err *err) {
         if (s == EN_OK) ss->n++;
         en_free(p);
     }
-    en_free(names);
+    en_st_index_deinit(&idx);
 done:
-    if (root) json_decref(root);
     en_free(text);
     en_free(single);
     en_free(index);

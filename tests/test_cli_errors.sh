@@ -93,6 +93,10 @@ expect "sharded: a shard is missing" 1 "$B/model-00003-of-00006.safetensors: can
 B=$T/badindex; cp -r "$FIX/hf/llama_sharded" "$B"
 echo '{"weight_map": {"model.norm.weight": "../../etc/passwd"}}' >"$B/model.safetensors.index.json"
 expect "sharded: index escapes the dir" 1 "must be a plain file name" -- "$ENERGON" generate --model "$B" --prompt hi
+echo '{"weight_map": {"model.norm.weight": "pytorch_model-00001-of-00002.bin"}}' >"$B/model.safetensors.index.json"
+expect "sharded: index names a .bin shard" 1 "weight_map['model.norm.weight']: shard name 'pytorch_model-00001-of-00002.bin' must end in .safetensors" -- "$ENERGON" generate --model "$B" --prompt hi
+echo '{"weight_map": {"a": "model-00001-of-00006.safetensors", "a": "model-00002-of-00006.safetensors"}}' >"$B/model.safetensors.index.json"
+expect "sharded: a tensor named twice" 1 "duplicate object key" -- "$ENERGON" generate --model "$B" --prompt hi
 
 # bad prompts
 expect "non-UTF-8 prompt" 1 "--prompt: " -- "$ENERGON" generate --model "$M" --prompt "$(printf 'caf\xe9 au lait')"

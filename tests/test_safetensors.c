@@ -165,12 +165,88 @@ static void test_roundtrip(void) {
     en_free(p);
 }
 
+/* model.safetensors.index.json: each case's status and message (or, when
+ * accepted, its distinct files and tensors), one per line. */
+static void test_index(void) {
+    static const struct {
+        const char *text;
+        en_status want;
+        const char *needle; /* in the message; accepted: the first file */
+        int n_files, n_tensors;
+    } k[] = {
+        {"{\"metadata\": {\"total_size\": 96}, \"weight_map\": {\"a\": \"model-00001-of-00002"
+         ".safetensors\", \"b\": \"model-00002-of-00002.safetensors\", \"c\": \"model-00001-of-"
+         "00002.safetensors\"}}", EN_OK, "model-00001-of-00002.safetensors", 2, 3},
+        {"{\"weight_map\": {\"x\": \"a..b.safetensors\"}}", EN_ERR_FORMAT, "no '..'", 0, 0},
+        {"", EN_ERR_FORMAT, "idx.json: invalid JSON at line", 0, 0},
+        {"{\"weight_map\": {\"a\": \"s.safetensors\",}}", EN_ERR_FORMAT, "invalid JSON", 0, 0},
+        {"[1]", EN_ERR_FORMAT, "idx.json: not a JSON object", 0, 0},
+        {"{\"metadata\": {}}", EN_ERR_FORMAT, "idx.json: missing object 'weight_map'", 0, 0},
+        {"{\"weight_map\": [\"s.safetensors\"]}", EN_ERR_FORMAT, "'weight_map' must be a non-empty "
+         "object", 0, 0},
+        {"{\"weight_map\": {}}", EN_ERR_FORMAT, "'weight_map' must be a non-empty object", 0, 0},
+        {"{\"weight_map\": {\"a\": 5}}", EN_ERR_FORMAT, "idx.json: weight_map['a'] is not a file "
+         "name", 0, 0},
+        {"{\"weight_map\": {\"a\": \"../x.safetensors\"}}", EN_ERR_FORMAT,
+         "weight_map['a']: shard name '../x.safetensors' must be a plain file name", 0, 0},
+        {"{\"weight_map\": {\"a\": \"/etc/x.safetensors\"}}", EN_ERR_FORMAT,
+         "must be a plain file name", 0, 0},
+        {"{\"weight_map\": {\"a\": \"sub\\\\x.safetensors\"}}", EN_ERR_FORMAT,
+         "must be a plain file name", 0, 0},
+        {"{\"weight_map\": {\"a\": \"\"}}", EN_ERR_FORMAT, "must be a plain file name", 0, 0},
+        {"{\"weight_map\": {\"a\": \"pytorch_model.bin\"}}", EN_ERR_FORMAT,
+         "weight_map['a']: shard name 'pytorch_model.bin' must end in .safetensors", 0, 0},
+        {"{\"weight_map\": {\"a\": \".safetensors\"}}", EN_ERR_FORMAT, "must end in .safetensors",
+         0, 0},
+        {"{\"weight_map\": {\"a\": \"s.safetensors\", \"a\": \"t.safetensors\"}}", EN_ERR_FORMAT,
+         "duplicate object key", 0, 0},
+    };
+    en_err err = {0};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        en_st_index idx;
+        en_status s = en_st_index_parse(k[i].text, strlen(k[i].text), "idx.json", &idx, &err);
+        CHECK(s == k[i].want, "index case %zu: status %s, want %s (%s)", i, en_status_str(s),
+              en_status_str(k[i].want), s ? err.msg : "");
+        if (s == EN_OK) {
+            CHECK(idx.n_files == k[i].n_files && (int)idx.n_tensors == k[i].n_tensors &&
+                      strcmp(idx.files[0], k[i].needle) == 0,
+                  "index case %zu: %d files, %zu tensors, first %s", i, idx.n_files,
+                  idx.n_tensors, idx.files[0]);
+        } else {
+            CHECK(strstr(err.msg, k[i].needle) != NULL && idx.files == NULL && !idx.n_files,
+                  "index case %zu: message '%s' lacks '%s'", i, err.msg, k[i].needle);
+        }
+        en_st_index_deinit(&idx);
+    }
+    /* the number of distinct files is bounded (one file for many tensors counts once) */
+    for (int n = EN_ST_INDEX_MAX_FILES; n <= EN_ST_INDEX_MAX_FILES + 1; n++) {
+        size_t cap = 64 + (size_t)n * 96, len = 0;
+        char *t = malloc(cap);
+        len += (size_t)snprintf(t + len, cap - len, "{\"weight_map\": {");
+        for (int i = 0; i < 2 * n; i++)
+            len += (size_t)snprintf(t + len, cap - len, "%s\"t%d\": \"m%05d.safetensors\"",
+                                    i ? ", " : "", i, i % n);
+        len += (size_t)snprintf(t + len, cap - len, "}}");
+        en_st_index idx;
+        en_status s = en_st_index_parse(t, len, "idx.json", &idx, &err);
+        if (n == EN_ST_INDEX_MAX_FILES)
+            CHECK(s == EN_OK && idx.n_files == n && idx.n_tensors == 2 * (size_t)n,
+                  "%d files: %s", n, s ? err.msg : "");
+        else
+            CHECK(s == EN_ERR_FORMAT && strstr(err.msg, "more than 1024 distinct shard files"),
+                  "%d files: %s", n, s ? err.msg : "accepted");
+        en_st_index_deinit(&idx);
+        free(t);
+    }
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/en_test_st_%d", (int)getpid());
     en_err err = {0};
     en_mkdir_p(g_tmp, &err);
     test_half();
     test_roundtrip();
+    test_index();
 
     char dir[300];
     printf("broken checkpoints:\n");
@@ -178,6 +254,26 @@ int main(void) {
     en_mkdir_p(dir, &err);
     write_model(dir, NULL, NULL);
     expect_load("valid model", dir, EN_OK, NULL, NULL);
+
+    /* the same model as one shard named by an index, then a bad index */
+    snprintf(dir, sizeof dir, "%s/sharded", g_tmp);
+    en_mkdir_p(dir, &err);
+    write_model(dir, NULL, NULL);
+    {
+        char from[400], to[400];
+        snprintf(from, sizeof from, "%s/model.safetensors", dir);
+        snprintf(to, sizeof to, "%s/model-00001-of-00001.safetensors", dir);
+        CHECK(rename(from, to) == 0);
+        const char *ix = "{\"metadata\": {\"total_size\": 1}, \"weight_map\": "
+                         "{\"model.norm.weight\": \"model-00001-of-00001.safetensors\"}}";
+        write_file(dir, "model.safetensors.index.json", ix, strlen(ix));
+        expect_load("sharded model", dir, EN_OK, NULL, NULL);
+        ix = "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00001.bin\"}}";
+        write_file(dir, "model.safetensors.index.json", ix, strlen(ix));
+        expect_load("index names a .bin shard", dir, EN_ERR_FORMAT,
+                    "sharded/model.safetensors.index.json: weight_map['model.norm.weight']",
+                    "must end in .safetensors");
+    }
 
     snprintf(dir, sizeof dir, "%s/nodir", g_tmp);
     expect_load("missing directory", dir, EN_ERR_IO, "nodir/config.json", "cannot open");
