@@ -3,6 +3,8 @@
 # Data parallelism through the command line, under mpirun on CPU:
 #  - per-step losses of 10 steps with the same global batch equal the
 #    single-process run within 1e-5 relative for dp2, dp2 + ZeRO-1 and dp4;
+#  - a rank SIGKILLed mid-run ends the job at once, naming the rank, and the
+#    run resumes from its newest checkpoint;
 #  - checkpoints are layout-free: a dp2 + ZeRO-1 run resumed by one process,
 #    and a one-process run resumed under dp2 + ZeRO-1, continue the
 #    reference curve;
@@ -90,6 +92,54 @@ grep -q "ZeRO-1: each rank keeps 1/D" "$T/dp2z.log" && grep -q "global batch = 2
     { echo "FAIL global batch report"; fail=$((fail + 1)); }
 "${MPI[@]}" -np 4 "$ENERGON" finetune "${ARGS[@]}" --zero 1 --out "$T/dp4" >"$T/dp4.log" 2>&1
 compare "dp4 + ZeRO-1" "$T/dp4"
+
+# A rank killed mid-run (SIGKILL to rank 1 of a dp2 run once 6 steps are
+# logged: rank 0 is then in, or about to enter, a gradient all-reduce with
+# it): the job must end well within the collective watchdog's 300 s with a
+# message naming rank 1, and `--resume` must continue from the newest
+# checkpoint the job left (a half-written one is skipped), to the end (K + 10 steps, every step
+# logged once, in order). Resuming along the reference curve is checked by
+# resume_in below.
+kill_rank() {
+    local d="$T/killed" start pid r killed= k
+    "${MPI[@]}" -np 2 "$ENERGON" finetune "${ARGS[@]}" --steps 100000 --save-every 5 \
+        --out "$d" >"$d.log" 2>&1 &
+    local job=$!
+    for _ in $(seq 1 1200); do
+        [ -f "$d/metrics.jsonl" ] && [ "$(grep -c '"loss"' "$d/metrics.jsonl")" -ge 6 ] && break
+        sleep 0.05
+    done
+    start=$(date +%s)
+    for pid in $(pgrep -f -- "--out $d\$"); do
+        r=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+        [ "$r" = 1 ] && kill -KILL "$pid" && killed=$pid
+    done
+    wait "$job"
+    local rc=$? secs=$(($(date +%s) - start))
+    k=$(ls "$d/checkpoints" 2>/dev/null | grep -E '^step-[0-9]+$' | sort | tail -1)
+    if [ -z "$killed" ] || [ -z "$k" ]; then
+        echo "FAIL rank killed: rank 1 '$killed', checkpoint '$k'"; fail=$((fail + 1)); return
+    fi
+    if [ "$rc" -ne 0 ] && [ "$secs" -lt 120 ] && grep -qE "rank 1[^0-9]" "$d.log"; then
+        echo "  ok rank 1 killed at $k+: the job ended in ${secs} s (rc $rc), naming rank 1"
+        pass=$((pass + 1))
+    else
+        echo "FAIL rank killed: rc $rc after ${secs} s"; tail -5 "$d.log"; fail=$((fail + 1))
+    fi
+    k=$((10#${k#step-}))
+    "${MPI[@]}" -np 2 "$ENERGON" finetune --resume "$d" --threads 1 --steps $((k + 10)) \
+        >"$d.r.log" 2>&1
+    local steps
+    steps=$(grep -o '"step":[0-9]*' "$d/metrics.jsonl" | cut -d: -f2 | tr '\n' ' ')
+    if grep -q "resuming from .*step-$(printf %08d "$k")" "$d.r.log" &&
+        [ "$steps" = "$(seq -s ' ' 1 $((k + 10))) " ]; then
+        echo "  ok the killed run resumed from step $k, its last checkpoint, to step $((k + 10))"
+        pass=$((pass + 1))
+    else
+        echo "FAIL killed run resumed: steps '$steps'"; tail -3 "$d.r.log"; fail=$((fail + 1))
+    fi
+}
+kill_rank
 
 # layout-free checkpoints: drop the last checkpoint and resume under another layout
 resume_in "dp2 + ZeRO-1 run resumed by one process" "$T/dp2z" r1 1
