@@ -3,8 +3,8 @@
  * /v1/chat/completions and POST /v1/completions read and checked
  * (generate_request.c), every error a 4xx naming its field. openai_generate.c
  * submits what it returns to the engine and answers; apart from it so that
- * tests/fuzz/fuzz_generate_request.c links the parser without
- * libmicrohttpd or the engine.
+ * tests/fuzz/fuzz_generate_request.c links the parser without the engine
+ * or the server (only http_util.c's helpers).
  *
  * The parser still asks the server for four things, in the order the
  * fields are read: the "model" (srv_pick_model: an adapter's reference),
