@@ -29,7 +29,7 @@ def chat_body(**kw):
     return b
 
 
-def expect(name, want, method, path, body=None, headers=None, code=None, url=None):
+def expect(name, want, method, path, body=None, headers=None, code=None, url=None, param=None):
     try:
         st, js, raw = http_json(method, path, body, headers, url=url)
     except OSError as e:
@@ -38,6 +38,8 @@ def expect(name, want, method, path, body=None, headers=None, code=None, url=Non
     ok = st == want and shape is None
     if code is not None and shape is None:
         ok = ok and js["error"].get("code") == code
+    if param is not None and shape is None:
+        ok = ok and js["error"].get("param") == param
     detail = f"{st}"
     if shape is None:
         e = js["error"]
@@ -45,7 +47,8 @@ def expect(name, want, method, path, body=None, headers=None, code=None, url=Non
     else:
         detail += f" ({shape}) body {short(raw, 120)}"
     if not ok:
-        detail = f"want {want}" + (f" code {code}" if code else "") + f", got {detail}"
+        detail = (f"want {want}" + (f" code {code}" if code else "") +
+                  (f" param {param}" if param else "") + f", got {detail}")
     return check(ok, name, detail)
 
 
@@ -69,16 +72,24 @@ expect("max_tokens 1e30 (completions)", 400, "POST", CMPL,
        '{"model": "%s", "prompt": "Hi", "max_tokens": 1e30}' % MODEL)
 expect("max_tokens 2^63", 400, "POST", CHAT, chat_body(max_tokens=2 ** 63))
 expect("max_tokens -5", 400, "POST", CHAT, chat_body(max_tokens=-5))
-expect("max_tokens 0", 400, "POST", CHAT, chat_body(max_tokens=0))
+expect("max_tokens 0", 400, "POST", CHAT, chat_body(max_tokens=0), param="max_tokens")
 expect("temperature -1", 400, "POST", CHAT, chat_body(temperature=-1))
 expect("top_p 2", 400, "POST", CHAT, chat_body(top_p=2))
 expect("top_p 0", 400, "POST", CMPL, {"model": MODEL, "prompt": "Hi", "top_p": 0})
 expect("n 0", 400, "POST", CHAT, chat_body(n=0))
 expect("n -1", 400, "POST", CMPL, {"model": MODEL, "prompt": "Hi", "n": -1})
-expect("n 100000", 400, "POST", CHAT, chat_body(n=100000))
+expect("n 100000", 400, "POST", CHAT, chat_body(n=100000), param="n")
+expect("n 17 (completions)", 400, "POST", CMPL, {"model": MODEL, "prompt": "Hi", "n": 17},
+       param="n")
 expect("presence_penalty 5", 400, "POST", CHAT, chat_body(presence_penalty=5))
-expect("top_logprobs 21", 400, "POST", CHAT, chat_body(logprobs=True, top_logprobs=21))
-expect("17 stop strings", 400, "POST", CHAT, chat_body(stop=[f"s{i}" for i in range(17)]))
+expect("top_logprobs 21", 400, "POST", CHAT, chat_body(logprobs=True, top_logprobs=21),
+       param="top_logprobs")
+expect("logprobs 6 (completions)", 400, "POST", CMPL,
+       {"model": MODEL, "prompt": "Hi", "logprobs": 6}, param="logprobs")
+expect("17 stop strings", 400, "POST", CHAT, chat_body(stop=[f"s{i}" for i in range(17)]),
+       param="stop")
+expect("a stop string of 257 bytes", 400, "POST", CMPL,
+       {"model": MODEL, "prompt": "Hi", "stop": ["ok", "x" * 257]}, param="stop[1]")
 expect("temperature NaN (bare token)", 400, "POST", CHAT,
        '{"model": "%s", "messages": %s, "temperature": NaN}' % (MODEL, json.dumps(MSGS)))
 # ---- messages
@@ -97,11 +108,14 @@ expect("lone surrogate escape in content", 400, "POST", CHAT,
 # ---- context
 long_prompt = "the otter rang the brass bell " * CTX
 expect("prompt over the context (chat)", 400, "POST", CHAT,
-       chat_body(messages=[{"role": "user", "content": long_prompt}]), code="context_length_exceeded")
+       chat_body(messages=[{"role": "user", "content": long_prompt}]),
+       code="context_length_exceeded", param="messages")
 expect("prompt over the context (completions)", 400, "POST", CMPL,
-       {"model": MODEL, "prompt": long_prompt, "max_tokens": 4}, code="context_length_exceeded")
+       {"model": MODEL, "prompt": long_prompt, "max_tokens": 4}, code="context_length_exceeded",
+       param="prompt")
 expect("prompt + max_tokens over the context", 400, "POST", CMPL,
-       {"model": MODEL, "prompt": "the otter", "max_tokens": CTX}, code="context_length_exceeded")
+       {"model": MODEL, "prompt": "the otter", "max_tokens": CTX}, code="context_length_exceeded",
+       param="prompt")
 # ---- model, paths, methods
 expect("unknown model", 404, "POST", CHAT, chat_body(model="gpt-17"))
 expect("unknown model (completions)", 404, "POST", CMPL, {"model": "gpt-17", "prompt": "Hi"})
