@@ -119,7 +119,7 @@ void en_cpu_w16_set_simd(en_backend *be, int on) {
  * time, so the binary still runs on any x86-64. Every step is an fmaf (one
  * rounding; the baseline's is slower, not different), in a fixed order, so
  * the result does not depend on the clone or the thread count. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #endif
 static float dot_f32(const float *a, const float *b, int K) {
@@ -138,7 +138,7 @@ static float dot_f32(const float *a, const float *b, int K) {
  * once for four rows, and four independent streams keep the memory system
  * busy. Same fixed-order arithmetic as dot_f32 per row, so the results equal
  * dot_f32's bit for bit. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #endif
 static void dot4_f32(const float *x, const float *w0, const float *w1, const float *w2,

@@ -93,8 +93,11 @@ void en_cpu_embedding_q(en_backend *be, float *y, const void *table, int qfmt,
 /* Builds a function twice, for AVX2 + FMA (x86-64-v3) and the baseline,
  * picked at load time: the elementwise loops over en_cpu_expf vectorise
  * with FMA there. Same bits from either clone (see en_cpu_expf). No
- * AVX-512 clone: the machine this was tuned on has none to check it. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+ * AVX-512 clone: the machine this was tuned on has none to check it.
+ * None under ASan or TSan: the clone's resolver runs while the dynamic
+ * loader relocates the binary, before the sanitizer's runtime is set up,
+ * and instrumented it crashes there (TSan: SIGSEGV before main). */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define EN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define EN_CPU_CLONES
