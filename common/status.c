@@ -179,6 +179,41 @@ void en_free_impl(void *p) {
 size_t en_mem_peak(void) { return atomic_load(&g_mem_peak); }
 size_t en_mem_current(void) { return atomic_load(&g_mem_current); }
 
+/* The first number in a small file (cgroup files: "max" reads as none). */
+static int read_number(const char *path, const char *key, double *out) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    int ok = 0;
+    size_t kl = key ? strlen(key) : 0;
+    while (!ok && fgets(line, sizeof line, f)) {
+        if (key && strncmp(line, key, kl) != 0) continue;
+        char *end = NULL;
+        *out = strtod(line + kl, &end);
+        ok = end != line + kl;
+    }
+    fclose(f);
+    return ok;
+}
+
+size_t en_mem_available(void) {
+    double best = -1, v, used;
+    if (read_number("/proc/meminfo", "MemAvailable:", &v)) best = v * 1024; /* kB */
+    if (read_number("/sys/fs/cgroup/memory.max", NULL, &v) &&
+        read_number("/sys/fs/cgroup/memory.current", NULL, &used)) {
+        double left = v > used ? v - used : 0;
+        if (best < 0 || left < best) best = left;
+    }
+    const char *lim = getenv("EN_MEMORY_LIMIT");
+    if (lim && *lim) {
+        char *end = NULL;
+        v = strtod(lim, &end);
+        if (end != lim && v >= 0 && (best < 0 || v < best)) best = v;
+    }
+    if (best < 0) return SIZE_MAX;
+    return best >= (double)SIZE_MAX ? SIZE_MAX - 1 : (size_t)best;
+}
+
 double en_time_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

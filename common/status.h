@@ -102,6 +102,11 @@ char *en_strndup(const char *s, size_t n);
 #define en_free(p) (en_free_impl(p), (p) = NULL)
 size_t en_mem_peak(void);    /* peak bytes handed out through en_malloc */
 size_t en_mem_current(void); /* live bytes */
+/* Bytes of host memory this process can still take: /proc/meminfo's
+ * MemAvailable, capped by the cgroup's memory.max - memory.current and by
+ * the environment's EN_MEMORY_LIMIT (bytes; to leave room for other
+ * processes, and for tests). SIZE_MAX when none of them is known. */
+size_t en_mem_available(void);
 
 /* Monotonic wall clock in seconds. */
 double en_time_now(void);

@@ -498,6 +498,34 @@ static en_status read_weights(en_model *m, const shard_set *ss, const char *wher
     return s;
 }
 
+/* Refuse, before anything is allocated, weights that host memory cannot
+ * hold: Linux lets such an allocation through and then kills the process
+ * part-way through reading the file. CPU backend only (a GPU's memory is
+ * checked by its allocator). */
+static void human_bytes(double b, char *out, size_t cap) {
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
+    snprintf(out, cap, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
+}
+
+static en_status check_fits(const en_model *m, const char *dir, en_err *err) {
+    if (!en_backend_host_memory(m->be)) return EN_OK;
+    double need = 4.0 * (double)m->n_params + 2.0 * (double)m->n_params16 + (double)m->n_paramsq;
+    size_t avail = en_mem_available();
+    if (avail == SIZE_MAX || need <= (double)avail) return EN_OK;
+    char need_s[32], avail_s[32];
+    human_bytes(need, need_s, sizeof need_s);
+    human_bytes((double)avail, avail_s, sizeof avail_s);
+    int narrowest = strncmp(en_model_weights_name(m), "q4", 2) == 0;
+    return EN_ERR(err, EN_ERR_NOMEM,
+                  "%s: the weights need %s as %s but only %s of memory is available "
+                  "(MemAvailable, the cgroup limit and EN_MEMORY_LIMIT); %s",
+                  dir, need_s, en_model_weights_name(m), avail_s,
+                  narrowest ? "free memory or use a smaller model"
+                            : "load them narrower (--weights q8 or q4) or free memory");
+}
+
 en_status en_model_load_weights(en_model *m, const char *path, en_err *err) {
     shard_set ss = {0};
     ss.files = en_calloc(1, sizeof(en_st_file));
@@ -576,6 +604,8 @@ en_status en_model_load(const char *dir, const en_model_params *params, en_model
     s = choose_qfmts(m, &ss, params, dir, err);
     if (s != EN_OK) goto fail;
     place_tensors(m);
+    s = check_fits(m, dir, err);
+    if (s != EN_OK) goto fail;
     m->params = en_backend_alloc(m->be, (m->n_params ? m->n_params : 1) * sizeof(float));
     if (m->n_params16)
         m->params16 = en_backend_alloc(m->be, m->n_params16 * sizeof(uint16_t));

@@ -117,6 +117,9 @@ expect "eval empty file" 1 "$T/empty.txt: no text to score" -- "$ENERGON" eval -
 # llama2c conversion input
 head -c 1000 "$FIX/hf/llama_bf16/model.safetensors" >"$T/junk.bin"
 expect "convert junk checkpoint" 1 "$T/junk.bin" -- "$ENERGON" convert llama2c --checkpoint "$T/junk.bin" --tokenizer "$M/tokenizer.model" --out "$T/conv"
+# a model that does not fit in memory is refused before loading, with the sizes
+expect "weights over the memory limit" 1 "the weights need 196.25 KiB as bf16 but only 1000 bytes" -- env EN_MEMORY_LIMIT=1000 "$ENERGON" generate --model "$M" --prompt hi
+expect "q4 weights over the limit" 1 "free memory or use a smaller model" -- env EN_MEMORY_LIMIT=1000 "$ENERGON" generate --model "$M" --prompt hi --weights q4
 expect "serve --index missing" 2 "--index: $T/none.db" -- "$ENERGON" serve --model "$M" --index "$T/none.db"
 printf 'not a database' >"$T/notindex.db"
 expect "serve --index not an index" 2 "--index: $T/notindex.db is not an energon index" -- "$ENERGON" serve --model "$M" --index "$T/notindex.db"
