@@ -10,8 +10,9 @@
  * give the same names, shapes and bytes. Never a crash, leak or sanitizer
  * report. Seeds: tests/fuzz/corpus/safetensors/ (small models shaped like
  * tests/fixtures/hf/NAME, a LoRA adapter of tests/fixtures/grad, edge cases).
- * The sharded model.safetensors.index.json is read by models/model.c, not
- * here. Run: tests/fuzz/run.sh 60 safetensors
+ * The index of a sharded checkpoint (model.safetensors.index.json,
+ * en_st_index_parse) has its own target, fuzz_st_index.c.
+ * Run: tests/fuzz/run.sh 60 safetensors
  */
 // fuzz-sources: common/safetensors.c common/file.c common/status.c
 // fuzz-libs: -ljansson -lz
