@@ -22,6 +22,10 @@
 #   prefix_cache 16 prompts sharing ~300 tokens: cached_tokens are their shared
 #                full blocks, answers equal a --no-prefix-cache server's
 #   disconnect   a client that goes away frees its KV blocks at once
+#   load256      256 connections at once on a server of its own with a small
+#                queue: slow readers, clients gone mid-head / mid-body /
+#                after a chunk, a burst over the queue (429s): every request
+#                answered or abandoned, none lost, fds and memory flat (issue 17)
 #   response_format  json_object answers are JSON objects (or prefixes when cut),
 #                a grammar through extra_body matches its pattern (issue 16)
 #   schema_load  200 json_schema requests (10 schemas) with 8 plain ones in one
@@ -73,11 +77,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# An AddressSanitizer build is several times slower: deadlines stretch and
-# the soak sends fewer requests (soak.py).
+# An AddressSanitizer or ThreadSanitizer build is several times slower:
+# deadlines stretch, the soak sends fewer requests (soak.py) and resident
+# memory is not judged (EN_ASAN=1 for both; EN_TSAN=1 for the second). Every
+# server here runs with --threads 1, which keeps OpenMP from starting a team:
+# its runtime is not instrumented, and TSan would report the work it hands
+# between threads as races (tests/tsan.supp).
 ASAN=0
+TSAN=0
+SAN_NAME=
 if ldd "$ENERGON" 2>/dev/null | grep -q libasan || nm -D "$ENERGON" 2>/dev/null | grep -q __asan_init; then
     ASAN=1
+    SAN_NAME=', AddressSanitizer build'
+elif ldd "$ENERGON" 2>/dev/null | grep -q libtsan ||
+    nm -D "$ENERGON" 2>/dev/null | grep -q __tsan_init; then
+    ASAN=1
+    TSAN=1
+    SAN_NAME=', ThreadSanitizer build'
 fi
 
 # Every request of the suite goes to this machine's loopback, never through a
@@ -104,7 +120,7 @@ else
 fi
 CTX=$("$PY" -c 'import json, sys; print(min(4096, json.load(open(sys.argv[1]))["max_position_embeddings"]))' \
       "$T/model/config.json")
-echo "test_serve: model $NAME (context $CTX)$([ "$ASAN" = 1 ] && echo ', AddressSanitizer build')"
+echo "test_serve: model $NAME (context $CTX)$SAN_NAME"
 
 # ---- the main server. One thread: the model is tiny, and on two cores shared
 # with other tests OpenMP's waiting threads make every step many times slower.
@@ -134,6 +150,7 @@ echo "test_serve: serving at $URL ($(grep -o 'ready:.*' "$T/server-main.log" | h
 
 export EN_URL=$URL EN_SERVER_PID=$SPID EN_MODEL_DIR=$T/model EN_MODEL_NAME=$NAME EN_CTX=$CTX \
        EN_ENERGON=$ENERGON EN_FIXTURES=$FIX EN_TMP=$T EN_ASAN=$ASAN EN_SHARED=${SHARED:+$(abspath "$SHARED")}
+export EN_TSAN=$TSAN
 pass=0
 fail=0
 skipped=()
@@ -144,7 +161,7 @@ hfail() {
 }
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters"
-DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect"
+DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect load256"
 DEFAULT_SCRIPTS+=" chat_page response_format schema_load tools"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}
@@ -362,9 +379,11 @@ else
 fi
 
 # Sanitizer reports from any server of the session
-if grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log >/dev/null 2>&1; then
-    hfail "sanitizer reports in: $(grep -l 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | xargs -n1 basename | tr '\n' ' ')"
-    grep -h -A12 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$T"/server-*.log | head -60
+SAN_RE='ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:\|WARNING: ThreadSanitizer'
+if grep -l "$SAN_RE" "$T"/server-*.log >/dev/null 2>&1; then
+    logs=$(grep -l "$SAN_RE" "$T"/server-*.log | xargs -n1 basename | tr '\n' ' ')
+    hfail "sanitizer reports in: $logs"
+    grep -h -A24 "$SAN_RE" "$T"/server-*.log | head -80
 fi
 
 if [ "$fail" -gt 0 ]; then

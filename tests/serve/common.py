@@ -12,7 +12,9 @@ test_serve.sh sets:
   EN_ENERGON      the energon binary
   EN_FIXTURES     tests/fixtures
   EN_TMP          a scratch directory (removed by test_serve.sh)
-  EN_ASAN         1 when the binary is an AddressSanitizer build (slower)
+  EN_ASAN         1 when the binary is an AddressSanitizer or ThreadSanitizer
+                  build (slower; resident memory not comparable)
+  EN_TSAN         1 when it is the second (load256.py says so)
 
 Each script reports one line per check: "PASS name: figures" or
 "FAIL name: what was expected and what came", then ends with
