@@ -22,6 +22,9 @@
  *                   writes, syncs and allocations failed through a VFS and
  *                   memory allocator installed here (SQLite does not use
  *                   common/file.c)
+ *   finetune        the program itself, `energon finetune --resume` armed by
+ *                   EN_FAULT: exit 1 with a message, the newest checkpoint
+ *                   still good (allocations sampled: N grows by half)
  * The failure points reached per writer and kind are printed. Needs a build
  * with -DENERGON_FAULTS=ON (the ASan build of `make test`); skips elsewhere.
  */
@@ -30,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/backend.h"
@@ -468,6 +472,75 @@ static int index_check(int ok, char *why, size_t cap) {
     return 0;
 }
 
+/* ---- the whole program: `energon finetune --resume` with EN_FAULT ---- */
+
+/* The newest checkpoint of a run verifies and is at least `min_step`. */
+static int run_ckpt_ok(const char *run, int64_t min_step, int64_t *step) {
+    char *latest = NULL;
+    en_err err = {0};
+    *step = -1;
+    en_status s = en_ckpt_find_latest(run, &latest, step, NULL, NULL, &err);
+    en_free(latest);
+    return s == EN_OK && *step >= min_step;
+}
+
+/* Resume a 10-step run to 20 steps with the N-th call of `kind` failing,
+ * N = 1, 2, ... (alloc: N growing by half each time, there are thousands):
+ * each failed run exits 1 (not a signal) with an "energon finetune:"
+ * message, and leaves a run whose newest checkpoint verifies at step 10 or
+ * later; the run that reaches no fault ends at step 20. */
+static void finetune_sweep(en_fault_kind kind) {
+    char cmd[2048], log[600];
+    snprintf(log, sizeof log, "%s", tpath("ft.log"));
+    long points = -1, runs = 0;
+    for (long n = 1; n <= MAX_POINTS; n = kind == EN_FAULT_ALLOC ? n + 1 + n / 2 : n + 1) {
+        rm_rf(tpath("ft2"));
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && EN_FAULT=%s:%ld %s finetune --resume '%s' "
+                 "--steps 20 --threads 1 >'%s' 2>&1", tpath("ft"), tpath("ft2"),
+                 en_fault_name(kind), n, EN_BINARY, tpath("ft2"), log);
+        int rc = system(cmd);
+        runs++;
+        size_t len = 0;
+        char *out = (char *)en_test_read_file(log, &len);
+        int fired = out && strstr(out, "fault injection:") != NULL;
+        int64_t step;
+        int ok = WIFEXITED(rc) && WEXITSTATUS(rc) == 0;
+        if (ok && run_ckpt_ok(tpath("ft2"), 20, &step) && !fired) {
+            points = n - 1;
+            free(out);
+            break;
+        }
+        int good = (ok && step == 20) ||
+                   (WIFEXITED(rc) && WEXITSTATUS(rc) == 1 && out &&
+                    strstr(out, "energon finetune: ") && run_ckpt_ok(tpath("ft2"), 10, &step));
+        CHECK(good, "finetune %s:%ld: rc %d, newest checkpoint step %lld: %.300s",
+              en_fault_name(kind), n, rc, (long long)step, out ? out : "(no log)");
+        free(out);
+        if (!good) return;
+    }
+    if (kind == EN_FAULT_ALLOC) /* sampled: runs - 1 faults, the calls fewer than points + 1 */
+        printf("  %s %ld sampled of <%ld", en_fault_name(kind), runs - 1, points + 1);
+    else
+        printf("  %s %ld", en_fault_name(kind), points);
+    CHECK(points >= 0, "finetune %s: no run without a fault", en_fault_name(kind));
+}
+
+static void finetune_faults(void) {
+    rm_rf(tpath("ft"));
+    FILE *f = fopen(tpath("docs.txt"), "wb");
+    for (int i = 1; f && i <= 60; i++) fprintf(f, "Shipment %d left dock %d.\n", i, i % 7);
+    if (f) fclose(f);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s finetune --model %s/hf/embed_llama --data '%s' --seq-len 16 "
+             "--batch 2 --steps 10 --save-every 5 --keep 3 --eval-every 0 --threads 1 "
+             "--out '%s' >/dev/null 2>&1", EN_BINARY, EN_FIXTURES, tpath("docs.txt"),
+             tpath("ft"));
+    CHECK(system(cmd) == 0, "finetune setup: %s", cmd);
+    printf("%-17s", "finetune resume");
+    for (int k = 0; k < EN_FAULT_KINDS; k++) finetune_sweep((en_fault_kind)k);
+    printf("\n");
+}
+
 int main(void) {
     if (!EN_FAULT_BUILD)
         return en_test_skip("test_faults", "built without -DENERGON_FAULTS=ON (the ASan build "
@@ -497,6 +570,7 @@ int main(void) {
     }
     const writer idx = {"index", NULL, NULL, index_setup, index_run, index_check};
     run_writer(&idx);
+    finetune_faults();
     en_lora_destroy(g_lora);
     en_model_destroy(g_q8);
     en_model_destroy(g_merged);
