@@ -42,8 +42,8 @@ static void arm_from_env(void) {
     if (!v || !*v) return;
     const char *colon = strchr(v, ':');
     for (int k = 0; colon && k < EN_FAULT_KINDS; k++) {
-        if (strlen(k_names[k]) != (size_t)(colon - v) || strncmp(v, k_names[k], (size_t)(colon - v)))
-            continue;
+        size_t kl = (size_t)(colon - v);
+        if (strlen(k_names[k]) != kl || strncmp(v, k_names[k], kl) != 0) continue;
         char *end = NULL;
         long n = strtol(colon + 1, &end, 10);
         int sticky = end && *end == '+';
