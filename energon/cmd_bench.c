@@ -329,6 +329,7 @@ int en_cmd_bench(int argc, char **argv) {
     rc = EN_EXIT_ERROR;
     const en_model_hparams *hp = en_model_get_hparams(cm.model);
     int need = is_decode ? prompt + tokens : tokens;
+    const double bytes = (double)en_model_read_bytes(cm.model);
     en_err err = {0};
     en_ctx *ctx = NULL;
     en_ctx_params cp = en_ctx_params_default();
@@ -337,7 +338,9 @@ int en_cmd_bench(int argc, char **argv) {
     int32_t *ids = malloc((size_t)need * sizeof(int32_t));
     float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
     double *times = malloc((size_t)repeats * sizeof(double));
-    if (!ids || !logits || !times) {
+    double *bws = calloc((size_t)repeats, sizeof(double));
+    double *shares = calloc((size_t)repeats, sizeof(double));
+    if (!ids || !logits || !times || !bws || !shares) {
         en_cli_error(CMD, "out of memory");
         goto done;
     }
@@ -364,24 +367,32 @@ int en_cmd_bench(int argc, char **argv) {
             if (en_model_forward(ctx, ids, tokens, logits, 0, &err)) goto fwd_fail;
         }
         double dt = en_time_now() - t0;
-        if (r >= 0) times[r] = dt;
+        if (r < 0) continue;
+        times[r] = dt;
+        /* decode's ceiling: the memory read bandwidth (same threads, 512 MiB:
+         * far past any cache), measured right after each repeat, so that each
+         * repeat is judged against the machine as it was then (on a shared
+         * machine it moves by up to 2x from one minute to the next) */
+        if (is_decode) {
+            bws[r] = en_measure_read_bandwidth(en_backend_n_threads(cm.be), (size_t)512 << 20);
+            shares[r] = bws[r] > 0 ? bytes * tokens / dt / 1e9 / bws[r] : 0.0;
+        }
     }
     double med = en_cli_median(times, repeats);
     double tps = tokens / med;
-    double bytes = (double)en_model_read_bytes(cm.model);
     /* Forward FLOPs per token ~ 2 * parameters (matmuls), ignoring attention. */
     double gflops = 2.0 * (double)en_model_n_params(hp) * tps / 1e9;
     const char *wn = en_model_weights_name(cm.model);
-    /* decode's ceiling: the memory read bandwidth, measured now with the
-     * same threads over 512 MiB (far past any cache) */
-    const double bw =
-        is_decode ? en_measure_read_bandwidth(en_backend_n_threads(cm.be), (size_t)512 << 20) : 0;
+    const double bw = is_decode ? en_cli_median(bws, repeats) : 0.0;
+    const double share = is_decode ? en_cli_median(shares, repeats) : 0.0;
     const double wgbs = is_decode ? bytes * tps / 1e9 : 0.0;
     if (json_out) {
         printf("{\"bench\":\"%s\",\"tokens\":%d,\"repeats\":%d,\"threads\":%d,\"tok_per_s\":%.3f,"
-               "\"weight_gb_per_s\":%.3f,\"read_bw_gb_per_s\":%.3f,\"gflop_per_s\":%.3f,"
+               "\"weight_gb_per_s\":%.3f,\"read_bw_gb_per_s\":%.3f,\"bw_share\":%.4f,"
+               "\"gflop_per_s\":%.3f,"
                "\"param_bytes\":%.0f,\"weights\":\"%s\",\"rss_after_load_mb\":%.1f}\n",
-               mode, tokens, repeats, en_backend_n_threads(cm.be), tps, wgbs, bw, gflops, bytes,
+               mode, tokens, repeats, en_backend_n_threads(cm.be), tps, wgbs, bw, share, gflops,
+               bytes,
                wn, rss_mb);
     } else {
         printf("bench %s: %d tokens, median of %d, %d threads, %.1f MB of %s weights, "
@@ -389,9 +400,9 @@ int en_cmd_bench(int argc, char **argv) {
                mode, tokens, repeats, en_backend_n_threads(cm.be), bytes / 1e6, wn, rss_mb);
         printf("  tokens/s: %.2f\n", tps);
         if (is_decode)
-            printf("  weights read: %.2f GB/s (%.0f%% of the memory read bandwidth measured now: "
-                   "%.2f GB/s)\n",
-                   wgbs, bw > 0 ? 100.0 * wgbs / bw : 0.0, bw);
+            printf("  weights read: %.2f GB/s; memory read bandwidth measured after each repeat: "
+                   "median %.2f GB/s; share per repeat: median %.0f%%\n",
+                   wgbs, bw, 100.0 * share);
         printf("  matmul GFLOP/s: %.2f\n", gflops);
     }
     rc = EN_EXIT_OK;
@@ -402,6 +413,8 @@ done:
     free(ids);
     free(logits);
     free(times);
+    free(bws);
+    free(shares);
     en_ctx_destroy(ctx);
     en_cli_unload(&cm);
     return rc;
