@@ -154,9 +154,19 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
 
 /* 1 if the AVX2 kernels can run here (CPU and OS support). */
 int en_quant_simd_available(void);
-/* Test hook: 0 forces the portable C kernels, 1 (the default) uses AVX2
- * where available. Process-wide; not to be called during a matmul. */
-void en_quant_set_simd(int on);
+/* The instruction sets en_quant_matmul may use: the portable C kernels
+ * only, AVX2 at most, or the best the CPU has (the default: AVX-512 VNNI
+ * kernels for interleaved q8 / q4 / q4_1 where the CPU has them, else AVX2).
+ * Every level gives the same bits. */
+enum { EN_QUANT_SIMD_OFF = 0, EN_QUANT_SIMD_AVX2 = 1, EN_QUANT_SIMD_BEST = 2 };
+/* Test and bench hook: cap the level (values outside the range are
+ * clamped). Process-wide; not to be called during a matmul. Until it is
+ * called, the environment variable EN_QUANT_SIMD (best, avx2 or c) sets
+ * the cap, read once, so that a whole program can be timed on each path. */
+void en_quant_set_simd(int level);
+/* What the current level and CPU give for an interleaved q8 matrix:
+ * "avx512-vnni", "avx2" or "c". */
+const char *en_quant_simd_name(void);
 
 #ifdef __cplusplus
 }

@@ -61,16 +61,19 @@
  * one object and would show as a leak in en_mem_current accounting.
  *
  * Instruction set: AVX2 (+ F16C for the scales) when
- * __builtin_cpu_supports says so, else the portable C path. No AVX-512 or
- * VNNI kernel yet, and no AMX (the machine this was written on reports AMX
- * but faults on it).
+ * __builtin_cpu_supports says so, else the portable C path; for
+ * interleaved q8, q4 and q4_1 matrices, quant_cpu_vnni.c's AVX-512 VNNI
+ * kernels where the CPU has them (the same bits). No AMX (the machine this
+ * was first written on reports AMX but faults on it).
  */
 #include <omp.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "quant.h"
+#include "quant_cpu_impl.h"
 #include "safetensors.h" /* en_f16_to_f32 */
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -108,7 +111,9 @@
 #define QUANT_PF 1
 #endif
 
-static int g_simd_on = 1; /* en_quant_set_simd */
+/* en_quant_set_simd's cap; until it is called, EN_QUANT_SIMD's (read once). */
+static int g_simd_level = -1;
+static pthread_once_t g_simd_once = PTHREAD_ONCE_INIT;
 
 int en_quant_simd_available(void) {
 #if QUANT_X86
@@ -119,23 +124,38 @@ int en_quant_simd_available(void) {
 #endif
 }
 
-void en_quant_set_simd(int on) { g_simd_on = on ? 1 : 0; }
+void en_quant_set_simd(int level) {
+    g_simd_level = level < EN_QUANT_SIMD_OFF    ? EN_QUANT_SIMD_OFF
+                   : level > EN_QUANT_SIMD_BEST ? EN_QUANT_SIMD_BEST
+                                                : level;
+}
+
+static void simd_env(void) {
+    const char *e = getenv("EN_QUANT_SIMD");
+    if (g_simd_level >= 0)
+        return; /* set by en_quant_set_simd */
+    g_simd_level = !e || !*e || strcmp(e, "best") == 0 ? EN_QUANT_SIMD_BEST
+                   : strcmp(e, "avx2") == 0            ? EN_QUANT_SIMD_AVX2
+                   : strcmp(e, "c") == 0               ? EN_QUANT_SIMD_OFF
+                                                       : EN_QUANT_SIMD_BEST;
+    if (e && *e && g_simd_level == EN_QUANT_SIMD_BEST && strcmp(e, "best") != 0)
+        fprintf(stderr, "energon: EN_QUANT_SIMD=%s is not one of best, avx2, c; using best\n", e);
+}
+
+static int simd_level(void) {
+    pthread_once(&g_simd_once, simd_env);
+    return g_simd_level;
+}
+
+const char *en_quant_simd_name(void) {
+    const int level = simd_level();
+    if (level >= EN_QUANT_SIMD_BEST && en_quant_vnni_cpu() && en_quant_simd_available())
+        return "avx512-vnni";
+    return level >= EN_QUANT_SIMD_AVX2 && en_quant_simd_available() ? "avx2" : "c";
+}
 
 /* ---- the quantised x ---- */
 
-/* x(M,K) as q8 levels (M, K) int8, 32-byte aligned, and per block of 32
- * the scale dx and the level sum S (M, K/32), and the sums of its two 16s
- * (M, K/32, 2) int16 (q6_k's scales pair with them in one madd). qi holds
- * the levels again with each pair of blocks 2p, 2p + 1 reordered as their
- * first 16s then their second 16s (64 bytes), the order in which the
- * nibbles of two q4 / q4_1 blocks come out of one 256-bit load. */
-typedef struct xq8 {
-    const int8_t *q, *qi;
-    const float *d;
-    const int32_t *s;
-    const int16_t *h;
-    int nb; /* K / 32 */
-} xq8;
 
 typedef struct scratch {
     void *raw;
@@ -898,8 +918,7 @@ RANGE_X4_FN(range_q4_1_x4_avx2, EN_QUANT_Q4_1, Q4_1_BYTES)
 #undef RANGE_X4_FN
 #endif
 
-typedef void (*range_fn)(const uint8_t *w, size_t wrs, int n0, int n1, const xq8 *xq, int M,
-                         float *y, size_t ldy);
+typedef en_quant_range_fn range_fn;
 
 static void range_c(en_quant_fmt fmt, const uint8_t *w, size_t wrs, int n0, int n1,
                     const xq8 *xq, int M, float *y, size_t ldy) {
@@ -919,7 +938,8 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
         return EN_ERR_ARG;
     if (n_threads < 1)
         n_threads = 1;
-    const int simd = g_simd_on && en_quant_simd_available();
+    const int level = simd_level();
+    const int simd = level >= EN_QUANT_SIMD_AVX2 && en_quant_simd_available();
     xq8 xq;
     const en_status st = quantize_x(&xq, x, M, K, simd);
     if (st != EN_OK)
@@ -939,6 +959,9 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
         case EN_QUANT_Q4_K: fn = range_q4_k_avx2; break;
         default: fn = range_q6_k_avx2; break;
         }
+    if (simd && level >= EN_QUANT_SIMD_BEST && en_quant_vnni_cpu() &&
+        en_quant_vnni_range((int)fmt))
+        fn = en_quant_vnni_range((int)fmt);
 #endif
     (void)simd; /* unused where there is no AVX2 path */
     /* Each thread takes one contiguous range of weight rows (a multiple
@@ -964,7 +987,7 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
 en_status en_dequantize_rows_fast(en_quant_fmt fmt, float *dst, const void *src, int N, int K) {
 #if QUANT_X86
     const en_quant_fmt f = en_quant_base(fmt);
-    if (g_simd_on && en_quant_simd_available() &&
+    if (simd_level() >= EN_QUANT_SIMD_AVX2 && en_quant_simd_available() &&
         (f == EN_QUANT_Q8 || f == EN_QUANT_Q4 || f == EN_QUANT_Q4_1) &&
         en_quant_row_size(fmt, K) && N >= 0 && (f == fmt || N % 4 == 0) && (N == 0 || (dst && src))) {
         dequantize_avx2(fmt, dst, src, N, K);

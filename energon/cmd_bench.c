@@ -19,6 +19,7 @@
 #include "../models/optim.h"
 #include "../models/train.h"
 #include "../common/membw.h"
+#include "../common/quant.h"
 #include "cli.h"
 
 #define CMD "bench"
@@ -390,14 +391,15 @@ int en_cmd_bench(int argc, char **argv) {
         printf("{\"bench\":\"%s\",\"tokens\":%d,\"repeats\":%d,\"threads\":%d,\"tok_per_s\":%.3f,"
                "\"weight_gb_per_s\":%.3f,\"read_bw_gb_per_s\":%.3f,\"bw_share\":%.4f,"
                "\"gflop_per_s\":%.3f,"
-               "\"param_bytes\":%.0f,\"weights\":\"%s\",\"rss_after_load_mb\":%.1f}\n",
+               "\"param_bytes\":%.0f,\"weights\":\"%s\",\"quant_kernels\":\"%s\","
+               "\"rss_after_load_mb\":%.1f}\n",
                mode, tokens, repeats, en_backend_n_threads(cm.be), tps, wgbs, bw, share, gflops,
-               bytes,
-               wn, rss_mb);
+               bytes, wn, en_quant_simd_name(), rss_mb);
     } else {
         printf("bench %s: %d tokens, median of %d, %d threads, %.1f MB of %s weights, "
-               "%.1f MB resident after loading\n",
-               mode, tokens, repeats, en_backend_n_threads(cm.be), bytes / 1e6, wn, rss_mb);
+               "%.1f MB resident after loading; int8 kernels: %s\n",
+               mode, tokens, repeats, en_backend_n_threads(cm.be), bytes / 1e6, wn, rss_mb,
+               en_quant_simd_name());
         printf("  tokens/s: %.2f\n", tps);
         if (is_decode)
             printf("  weights read: %.2f GB/s; memory read bandwidth measured after each repeat: "

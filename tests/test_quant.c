@@ -20,8 +20,9 @@
  *    the level term and the offset must not count against them); q8
  *    weights include the level -128, which GGUF files may hold though our
  *    quantiser never writes it;
- *  - bit-identity: AVX2 vs portable kernels (en_quant_set_simd), 1 vs 2
- *    threads, and each row of an M = 17 batch vs the same row alone (M = 1;
+ *  - bit-identity: AVX-512 VNNI (where the CPU has it) vs AVX2 vs portable
+ *    kernels (en_quant_set_simd), 1 vs 2 threads, and each row of an M = 17
+ *    batch vs the same row alone (M = 1;
  *    the two take different AVX2 loops);
  *  - a bench-like print of weight GB/s at M = 1, N = 2048, K = 768 (no
  *    assertion on time).
@@ -294,15 +295,17 @@ static void check_x4(en_quant_fmt fmt, const uint8_t *w, const float *wd, const 
         rows_ok &= memcmp(d4, wd + (size_t)n * K, sizeof(float) * K) == 0;
     }
     CHECK(rows_ok, "%s N%d K%d: en_dequantize_row", en_quant_name(fmt), N, K);
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 6; v++) { /* levels best, AVX2, C; 1 and 2 threads */
+        const int level = EN_QUANT_SIMD_BEST - v / 2;
         for (int i = 0; i < M * N; i++)
             y4[i] = NAN;
-        en_quant_set_simd(v < 2);
+        en_quant_set_simd(level);
+        const char *isa = en_quant_simd_name();
         CHECK(en_quant_matmul(f4, y4, x, w4, M, N, K, 1 + v % 2) == EN_OK);
         CHECK(memcmp(y4, y, yb) == 0, "%s M%d N%d K%d: x4 %s %d threads vs plain",
-              en_quant_name(fmt), M, N, K, v < 2 ? "avx2" : "C", 1 + v % 2);
+              en_quant_name(fmt), M, N, K, isa, 1 + v % 2);
     }
-    en_quant_set_simd(1);
+    en_quant_set_simd(EN_QUANT_SIMD_BEST);
     for (int m = 0; m < M && M > 1; m++) {
         CHECK(en_quant_matmul(f4, y4, x + (size_t)m * K, w4, 1, N, K, 2) == EN_OK);
         CHECK(memcmp(y4, y + (size_t)m * N, sizeof(float) * N) == 0,
@@ -348,7 +351,7 @@ static void test_matmul_case(en_quant_fmt fmt, int M, int N, int K, en_test_rng 
         en_quant_set_simd(simd_of[v]);
         CHECK(en_quant_matmul(fmt, y[v], x, w, M, N, K, threads_of[v]) == EN_OK);
     }
-    en_quant_set_simd(1);
+    en_quant_set_simd(EN_QUANT_SIMD_BEST);
 
     int bad = 0;
     for (int m = 0; m < M; m++)
@@ -440,7 +443,7 @@ static void test_x_levels(en_test_rng *r) {
         en_quant_set_simd(!v);
         CHECK(en_quant_matmul(EN_QUANT_Q8, y[v], x, w, M, N, K, 1) == EN_OK);
     }
-    en_quant_set_simd(1);
+    en_quant_set_simd(EN_QUANT_SIMD_BEST);
     int bad = 0;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
@@ -469,13 +472,15 @@ static void test_matmul(en_test_rng *r) {
     /* The AVX2 path runs 4 weight rows per x row for M = 1 (and up to 3
      * for q8, q4, q4_1), else unpacks each weight group once per tile of
      * up to 16 x rows: M 1, 3, 5 and 17 (two tiles) take both loops, and
-     * each batch row is checked against the same row alone. K 96 and 224
-     * leave tail blocks after the groups of 4. */
-    static const int Ms[] = {1, 3, 5, 17}, Ns[] = {4, 5, 64, 300};
-    static const int Ks32[] = {32, 96, 224, 2048}, Ks256[] = {256, 1280};
+     * each batch row is checked against the same row alone; the VNNI x4
+     * kernels take x rows 4 at a time, so M 2, 3, 5 and 17 leave 2, 3 and 1
+     * over. K 32, 64, 96 and 224 leave 1, 2, 3 and 3 tail blocks after the
+     * groups of 4. */
+    static const int Ms[] = {1, 2, 3, 5, 17}, Ns[] = {4, 5, 64, 300};
+    static const int Ks32[] = {32, 64, 96, 224, 2048}, Ks256[] = {256, 1280};
     for (int f = 0; f < N_FMTS; f++) {
-        const int k256 = en_quant_block_elems(fmts[f]) == 256, nk = k256 ? 2 : 4;
-        for (int a = 0; a < 4; a++)
+        const int k256 = en_quant_block_elems(fmts[f]) == 256, nk = k256 ? 2 : 5;
+        for (int a = 0; a < 5; a++)
             for (int b = 0; b < 4; b++)
                 for (int c = 0; c < nk; c++)
                     test_matmul_case(fmts[f], Ms[a], Ns[b], k256 ? Ks256[c] : Ks32[c], r);
@@ -508,7 +513,7 @@ static void bench(en_test_rng *r) {
                    en_quant_name(fmts[f]), simd ? "avx2" : "C", M, N, K, nt, t * 1e6,
                    (double)rs * N / t / 1e9);
         }
-        en_quant_set_simd(1);
+        en_quant_set_simd(EN_QUANT_SIMD_BEST);
         free(w);
     }
     free(x);
@@ -518,7 +523,8 @@ static void bench(en_test_rng *r) {
 
 int main(void) {
     en_test_rng r = {0x5eed0013u};
-    printf("AVX2 kernels: %s\n", en_quant_simd_available() ? "yes" : "no (C path only)");
+    printf("AVX2 kernels: %s; best for x4 q8: %s\n",
+           en_quant_simd_available() ? "yes" : "no (C path only)", en_quant_simd_name());
     test_names();
     for (int f = 0; f < N_FMTS; f++) {
         test_round_trip(fmts[f], &r);
