@@ -183,9 +183,13 @@ peer_python() {
         # shellcheck disable=SC2086
         [ -z "$pkgs" ] || "$venv/bin/python" -m pip install --quiet $pkgs >&2 ||
             die "pip install$pkgs failed"
+        # torch: the CPU-only wheel where PyTorch's index is reachable, else
+        # PyPI's (larger: it brings the CUDA libraries along)
         "$venv/bin/python" -c "import torch" 2>/dev/null ||
-            "$venv/bin/python" -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu >&2 ||
-            die "pip install torch failed"
+            "$venv/bin/python" -m pip install --quiet torch \
+                --index-url https://download.pytorch.org/whl/cpu >&2 ||
+            "$venv/bin/python" -m pip install --quiet torch >&2 ||
+            die "pip install torch failed (neither PyTorch's CPU index nor PyPI)"
     fi
     LLAMACPP_PYTHON=$venv/bin/python
 }

@@ -519,6 +519,9 @@ int en_cpu_attention_rows_fast(en_backend *be, float *out, const float *q, size_
     const int group = H / Hkv, window = ap->window;
     const float scale = ap->scale, cap = ap->softcap;
     const long long n_items = (long long)T * H;
+    /* items per grab: 4, but 1 where there are few (a decode step's 12
+     * heads would go 8 to one thread and 4 to the other in 4s) */
+    const int chunk = n_items >= 8LL * be->n_threads ? 4 : 1;
     /* As backend_cpu.c's loop: work grows with pos[t], hence dynamic; no
      * result depends on the thread that takes an item. A decode step calls
      * this once per sequence and layer, and an item here costs half the
@@ -527,7 +530,7 @@ int en_cpu_attention_rows_fast(en_backend *be, float *out, const float *q, size_
      * costs a microsecond or two on idle cores, but a time slice when a
      * thread of the team has been preempted (issue 13: a loaded 2-core
      * machine spent most of the server's step in libgomp). */
-#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 4) \
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, chunk) \
     if ((size_t)n_items * (size_t)S * (size_t)D >= ATTN_PAR_MIN)
     for (long long i = 0; i < n_items; i++) {
         const int t = (int)(i / H), h = (int)(i % H), kvh = h / group;
