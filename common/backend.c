@@ -132,6 +132,23 @@ void en_op_matmul_q(en_backend *be, float *y, const float *x, const void *w, int
     be->ops->matmul_q(be, y, x, w, qfmt, bias, M, N, K);
 }
 
+void en_op_matmul_q_n(en_backend *be, const en_op_qmm *mm, int n, const float *x, int M, int K) {
+    EN_ASSERT(mm && n >= 1 && n <= EN_OP_QMM_MAX && M >= 0 && K >= 0);
+    for (int i = 0; i < n; i++) {
+        EN_ASSERT(mm[i].N >= 0 && mm[i].y != x);
+        for (int j = 0; j < i; j++) EN_ASSERT(mm[i].y != mm[j].y || mm[i].N == 0);
+        if (M > 0 && mm[i].N > 0) qfmt_check(be, mm[i].qfmt, K);
+    }
+    if (M == 0) return;
+    if (be->ops->matmul_q_n) {
+        be->ops->matmul_q_n(be, mm, n, x, M, K);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (mm[i].N > 0)
+            be->ops->matmul_q(be, mm[i].y, x, mm[i].w, mm[i].qfmt, mm[i].bias, M, mm[i].N, K);
+}
+
 void en_op_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,
                           int M, int N, int K) {
     EN_ASSERT(M >= 0 && N >= 0 && K >= 0);

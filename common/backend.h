@@ -191,6 +191,22 @@ int en_backend_supports_quant(const en_backend *be);
 void en_op_matmul_q(en_backend *be, float *y, const float *x, const void *w, int qfmt,
                     const float *bias, int M, int N, int K);
 
+/* One matrix of en_op_matmul_q_n: y(M,N) = x · dequant(w)^T + bias. */
+typedef struct en_op_qmm {
+    float *y;
+    const void *w;
+    int qfmt;
+    const float *bias; /* may be NULL */
+    int N;
+} en_op_qmm;
+#define EN_OP_QMM_MAX 8
+/* en_op_matmul_q for n (1..EN_OP_QMM_MAX) matrices of the same x(M,K),
+ * such as a layer's q, k and v: each y as en_op_matmul_q gives it, bit for
+ * bit, in one op, so that a backend can share the work that depends on x
+ * alone and start its threads once (the CPU's decode step: one fork for
+ * q, k and v instead of three). No y may alias x or another y. */
+void en_op_matmul_q_n(en_backend *be, const en_op_qmm *mm, int n, const float *x, int M, int K);
+
 /* dx(M,K) += dy(M,N) · dequant(w)(N,K): the input gradient through a frozen
  * quantised base weight (LoRA training over a quantised model). */
 void en_op_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,

@@ -1152,6 +1152,7 @@ static const en_backend_ops cpu_ops = {
     .embedding_w16 = en_cpu_embedding_w16,
     .matmul_q = en_cpu_matmul_q,
     .matmul_q_bwd_x = en_cpu_matmul_q_bwd_x,
+    .matmul_q_n = en_cpu_matmul_q_n,
     .embedding_q = en_cpu_embedding_q,
 };
 

@@ -87,6 +87,7 @@ void en_cpu_matmul_q(en_backend *be, float *y, const float *x, const void *w, in
                      const float *bias, int M, int N, int K);
 void en_cpu_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,
                            int M, int N, int K);
+void en_cpu_matmul_q_n(en_backend *be, const en_op_qmm *mm, int n, const float *x, int M, int K);
 void en_cpu_embedding_q(en_backend *be, float *y, const void *table, int qfmt,
                         const int32_t *ids, int T, int C);
 

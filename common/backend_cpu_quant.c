@@ -73,6 +73,24 @@ void en_cpu_matmul_q(en_backend *be, float *y, const float *x, const void *w, in
     if (bias) add_bias(y, bias, M, N, 0, N);
 }
 
+void en_cpu_matmul_q_n(en_backend *be, const en_op_qmm *mm, int n, const float *x, int M, int K) {
+    if (M > Q_GEMV_MAX_M && !be->batch_invariant) { /* prefill: panels, one matrix at a time */
+        for (int i = 0; i < n; i++)
+            if (mm[i].N > 0)
+                en_cpu_matmul_q(be, mm[i].y, x, mm[i].w, mm[i].qfmt, mm[i].bias, M, mm[i].N, K);
+        return;
+    }
+    en_quant_mm q[EN_OP_QMM_MAX] = {{0}};
+    for (int i = 0; i < n && i < EN_OP_QMM_MAX; i++) {
+        const en_quant_mm t = {(en_quant_fmt)mm[i].qfmt, mm[i].w, mm[i].y, mm[i].N};
+        q[i] = t;
+    }
+    en_status s = en_quant_matmul_n(q, n, x, M, K, be->n_threads);
+    EN_ASSERT(s == EN_OK); /* arguments checked by backend.c; only its scratch can fail */
+    for (int i = 0; i < n; i++)
+        if (mm[i].bias) add_bias(mm[i].y, mm[i].bias, M, mm[i].N, 0, mm[i].N);
+}
+
 void en_cpu_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,
                            int M, int N, int K) {
     const en_quant_fmt f = (en_quant_fmt)qfmt;

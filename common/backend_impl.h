@@ -145,6 +145,8 @@ typedef struct en_backend_ops {
                            const int32_t *kv_rows, const size_t *kv_off, const int *tok_off,
                            const int *n_keys, const int32_t *pos, int n_seq, int H, int Hkv,
                            int D, const en_attn_params *ap);
+    /* NULL: backend.c calls matmul_q per matrix */
+    void (*matmul_q_n)(en_backend *be, const en_op_qmm *mm, int n, const float *x, int M, int K);
 } en_backend_ops;
 
 struct en_backend {

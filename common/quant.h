@@ -152,6 +152,24 @@ en_status en_dequantize_row(en_quant_fmt fmt, float *dst, const void *w, int n, 
 en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void *w, int M, int N,
                           int K, int n_threads);
 
+/* One matrix of en_quant_matmul_n: y(M, N) = x(M, K) · dequant(w)^T, w of
+ * format fmt (either layout). */
+typedef struct en_quant_mm {
+    en_quant_fmt fmt;
+    const void *w;
+    float *y;
+    int N;
+} en_quant_mm;
+#define EN_QUANT_MM_MAX 8
+/* en_quant_matmul for n (1..EN_QUANT_MM_MAX) matrices that share x, such
+ * as a layer's q, k and v or its gate and up: x is quantised once and the
+ * threads split all the matrices' rows in one parallel region, so the team
+ * forks once, not n times; each y is the one en_quant_matmul gives, bit
+ * for bit. Errors as en_quant_matmul's (EN_ERR_ARG for bad arguments in
+ * any matrix, before anything is written). */
+en_status en_quant_matmul_n(const en_quant_mm *mm, int n, const float *x, int M, int K,
+                            int n_threads);
+
 /* 1 if the AVX2 kernels can run here (CPU and OS support). */
 int en_quant_simd_available(void);
 /* The instruction sets en_quant_matmul may use: the portable C kernels

@@ -926,26 +926,8 @@ static void range_c(en_quant_fmt fmt, const uint8_t *w, size_t wrs, int n0, int 
         row_c(fmt, w + (size_t)n * wrs, xq, 0, M, y + n, ldy);
 }
 
-en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void *w, int M, int N,
-                          int K, int n_threads) {
-    const size_t wrs = en_quant_row_size(fmt, K);
-    const int x4 = fmt != en_quant_base(fmt);
-    if (wrs == 0 || M < 0 || N < 0 || (x4 && N % 4 != 0))
-        return EN_ERR_ARG;
-    if (M == 0 || N == 0)
-        return EN_OK;
-    if (!y || !x || !w)
-        return EN_ERR_ARG;
-    if (n_threads < 1)
-        n_threads = 1;
-    const int level = simd_level();
-    const int simd = level >= EN_QUANT_SIMD_AVX2 && en_quant_simd_available();
-    xq8 xq;
-    const en_status st = quantize_x(&xq, x, M, K, simd);
-    if (st != EN_OK)
-        return st;
-    const int par = n_threads > 1 && (size_t)N * wrs >= QUANT_PAR_MIN_BYTES;
-    const uint8_t *wb = w;
+/* The AVX2 or VNNI kernel for fmt at this level, NULL for the C path. */
+static range_fn pick_range(en_quant_fmt fmt, int level, int simd) {
     range_fn fn = NULL;
 #if QUANT_X86
     if (simd)
@@ -963,25 +945,78 @@ en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void
         en_quant_vnni_range((int)fmt))
         fn = en_quant_vnni_range((int)fmt);
 #endif
-    (void)simd; /* unused where there is no AVX2 path */
-    /* Each thread takes one contiguous range of weight rows (a multiple
-     * of 4, so the 4-row kernels see whole quads), one stream from memory. */
+    (void)fmt, (void)level, (void)simd; /* unused where there is no AVX2 path */
+    return fn;
+}
+
+/* Rows n0..n1-1 of matrix mm against xq. */
+static void run_range(const en_quant_mm *mm, range_fn fn, size_t wrs, int n0, int n1,
+                      const xq8 *xq, int M) {
+    const uint8_t *w = mm->w;
+    if (fn)
+        fn(w, wrs, n0, n1, xq, M, mm->y, (size_t)mm->N);
+    else if (mm->fmt != en_quant_base(mm->fmt))
+        range_x4_c(en_quant_base(mm->fmt), w, wrs, n0, n1, xq, M, mm->y, (size_t)mm->N);
+    else
+        range_c(mm->fmt, w, wrs, n0, n1, xq, M, mm->y, (size_t)mm->N);
+}
+
+en_status en_quant_matmul_n(const en_quant_mm *mm, int n, const float *x, int M, int K,
+                            int n_threads) {
+    if (!mm || n < 1 || n > EN_QUANT_MM_MAX || M < 0)
+        return EN_ERR_ARG;
+    size_t wrs[EN_QUANT_MM_MAX], bytes = 0;
+    int qend[EN_QUANT_MM_MAX], quads = 0; /* matrix i's quads end at qend[i] */
+    for (int i = 0; i < n; i++) {
+        wrs[i] = en_quant_row_size(mm[i].fmt, K);
+        const int x4 = mm[i].fmt != en_quant_base(mm[i].fmt);
+        if (wrs[i] == 0 || mm[i].N < 0 || (x4 && mm[i].N % 4 != 0))
+            return EN_ERR_ARG;
+        if (M > 0 && mm[i].N > 0 && (!mm[i].y || !mm[i].w))
+            return EN_ERR_ARG;
+        quads += (mm[i].N + 3) / 4;
+        qend[i] = quads;
+        bytes += (size_t)mm[i].N * wrs[i];
+    }
+    if (M == 0 || quads == 0)
+        return EN_OK;
+    if (!x)
+        return EN_ERR_ARG;
+    if (n_threads < 1)
+        n_threads = 1;
+    const int level = simd_level();
+    const int simd = level >= EN_QUANT_SIMD_AVX2 && en_quant_simd_available();
+    range_fn fn[EN_QUANT_MM_MAX];
+    for (int i = 0; i < n; i++)
+        fn[i] = pick_range(mm[i].fmt, level, simd);
+    xq8 xq;
+    const en_status st = quantize_x(&xq, x, M, K, simd);
+    if (st != EN_OK)
+        return st;
+    const int par = n_threads > 1 && bytes >= QUANT_PAR_MIN_BYTES;
+    /* Each thread takes one contiguous range of the matrices' quads (4
+     * weight rows, so the 4-row kernels see whole quads), taken in order:
+     * one stream from memory, which may cross from one matrix to the next. */
 #pragma omp parallel num_threads(n_threads) if (par)
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const int quads = (N + 3) / 4, per = quads / nt, extra = quads % nt;
+        const int per = quads / nt, extra = quads % nt;
         const int q0 = id * per + (id < extra ? id : extra), q1 = q0 + per + (id < extra);
-        const int n0 = 4 * q0, n1 = 4 * q1 < N ? 4 * q1 : N;
-        if (n0 < n1) {
-            if (fn)
-                fn(wb, wrs, n0, n1, &xq, M, y, (size_t)N);
-            else if (x4)
-                range_x4_c(en_quant_base(fmt), wb, wrs, n0, n1, &xq, M, y, (size_t)N);
-            else
-                range_c(fmt, wb, wrs, n0, n1, &xq, M, y, (size_t)N);
+        for (int i = 0; i < n; i++) {
+            const int qs = i ? qend[i - 1] : 0, a = q0 > qs ? q0 : qs;
+            const int b = q1 < qend[i] ? q1 : qend[i], N = mm[i].N;
+            const int n0 = 4 * (a - qs), n1 = 4 * (b - qs) < N ? 4 * (b - qs) : N;
+            if (n0 < n1)
+                run_range(&mm[i], fn[i], wrs[i], n0, n1, &xq, M);
         }
     }
     return EN_OK;
+}
+
+en_status en_quant_matmul(en_quant_fmt fmt, float *y, const float *x, const void *w, int M, int N,
+                          int K, int n_threads) {
+    const en_quant_mm mm = {fmt, w, y, N};
+    return en_quant_matmul_n(&mm, 1, x, M, K, n_threads);
 }
 
 en_status en_dequantize_rows_fast(en_quant_fmt fmt, float *dst, const void *src, int N, int K) {

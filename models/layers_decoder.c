@@ -37,6 +37,29 @@ static void lin_fwd(const en_model *m, const en_layer_acts *a, int l, int t, int
         en_linear_fwd(m, y, x, w, b, LP(l, t), s, a->lora_u, a->tmp, n, N, K);
 }
 
+/* lin_fwd for n (2 or 3) linears of one input x, targets t[i]: q, k and v,
+ * or up and gate. Where every weight is quantised and no adapter is on any
+ * of them, one backend op (the same results, bit for bit: a decode step
+ * then starts the CPU's threads once, not n times); else one by one. */
+static void lin_fwd_n(const en_model *m, const en_layer_acts *a, int l, int n, const int *t,
+                      float *const *y, const float *x, const float *const *w,
+                      const float *const *b, const int *N, int rows, int K) {
+    const en_lora *lo = m->lora;
+    int fuse = m->n_qrefs > 0 && !a->segs && n <= EN_OP_QMM_MAX;
+    en_op_qmm mm[EN_OP_QMM_MAX];
+    for (int i = 0; i < n && fuse; i++) {
+        const en_op_qmm q = {y[i], w[i], en_model_qfmt(m, w[i]), b[i], N[i]};
+        mm[i] = q;
+        fuse = q.qfmt != 0 && !LP(l, t[i]);
+    }
+    if (fuse) {
+        en_op_matmul_q_n(m->be, mm, n, x, rows, K);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        lin_fwd(m, a, l, t[i], 0, y[i], x, w[i], b[i], rows, N[i], K);
+}
+
 /* RoPE on the n rows of q or the new k (H heads, rows of stride floats).
  * A paged step mixes sequences of different lengths: where the table
  * depends on the length (dynamic, longrope), each sequence gets its own. */
@@ -124,9 +147,12 @@ static void attention_fwd(const en_model *m, int l, int n, int n_seq, const int3
     /* with q/k norms, training keeps their inputs (q_raw, k_raw) */
     float *q_lin = hp->qk_norm && a->q_raw ? a->q_raw : a->q;
     float *k_lin = hp->qk_norm && a->k_raw ? a->k_raw : k_new;
-    lin_fwd(m, a, l, 0, 0, q_lin, xin, w->wq, w->bq, n, QD, C);
-    lin_fwd(m, a, l, 1, 0, k_lin, xin, w->wk, w->bk, n, KVD, C);
-    lin_fwd(m, a, l, 2, 0, v_new, xin, w->wv, w->bv, n, KVD, C);
+    {
+        const int t[3] = {0, 1, 2}, N[3] = {QD, KVD, KVD};
+        float *const y[3] = {q_lin, k_lin, v_new};
+        const float *const wt[3] = {w->wq, w->wk, w->wv}, *const bs[3] = {w->bq, w->bk, w->bv};
+        lin_fwd_n(m, a, l, 3, t, y, xin, wt, bs, N, n, C);
+    }
     if (hp->qk_norm) { /* RMSNorm over each head's D values */
         en_op_rmsnorm(be, a->q, q_lin, en_norm_weight(m, w->q_norm, D), hp->norm_eps, n * H, D);
         en_op_rmsnorm(be, k_new, k_lin, en_norm_weight(m, w->k_norm, D), hp->norm_eps, n * Hkv,
@@ -165,11 +191,14 @@ static void mlp_fwd(const en_model *m, int l, int n, const en_layer_acts *a, con
     const en_model_hparams *hp = &m->hl; /* this rank's MLP width */
     const en_layer_w *w = &m->w.layers[l];
     const int C = hp->n_embd, F = hp->n_ff;
-    lin_fwd(m, a, l, 5, 0, a->up, xin, w->w_up, w->b_up, n, F, C);
     if (!w->w_gate) { /* GPT-2: h = gelu(up) */
+        lin_fwd(m, a, l, 5, 0, a->up, xin, w->w_up, w->b_up, n, F, C);
         en_op_gelu(be, a->h, a->up, (size_t)n * F);
     } else {
-        lin_fwd(m, a, l, 4, 0, a->gate, xin, w->w_gate, w->b_gate, n, F, C);
+        const int t[2] = {5, 4}, N[2] = {F, F};
+        float *const y[2] = {a->up, a->gate};
+        const float *const wt[2] = {w->w_up, w->w_gate}, *const bs[2] = {w->b_up, w->b_gate};
+        lin_fwd_n(m, a, l, 2, t, y, xin, wt, bs, N, n, C);
         if (hp->act == EN_ACT_GELU_TANH)
             en_op_geglu(be, a->h, a->gate, a->up, (size_t)n * F);
         else

@@ -487,6 +487,70 @@ static void test_matmul(en_test_rng *r) {
     }
 }
 
+/* en_quant_matmul_n: matrices of every format (interleaved and plain, N
+ * not a multiple of 4 among them) that share x give each the y
+ * en_quant_matmul gives alone, bit for bit, on every path and 1 or 2
+ * threads; bad arguments write nothing. */
+static void test_matmul_n(en_test_rng *r) {
+    enum { NM = 6, K = 256 };
+    static const int Ms[] = {1, 3, 6};
+    const en_quant_fmt f[NM] = {EN_QUANT_Q8 | EN_QUANT_X4, EN_QUANT_Q4, EN_QUANT_Q4_K,
+                                EN_QUANT_Q4 | EN_QUANT_X4, EN_QUANT_Q6_K,
+                                EN_QUANT_Q4_1 | EN_QUANT_X4};
+    const int N[NM] = {64, 5, 7, 8, 3, 300};
+    uint8_t *w[NM];
+    float *y1[NM], *yn[NM];
+    float *x = xmalloc(sizeof(float) * 6 * K), *wf = xmalloc(sizeof(float) * 300 * K);
+    en_test_rng_fill(r, x, 6 * K, -1.0f, 1.0f);
+    en_quant_mm mm[NM];
+    for (int i = 0; i < NM; i++) {
+        const en_quant_fmt b = en_quant_base(f[i]);
+        en_test_rng_fill(r, wf, (size_t)N[i] * K, -0.5f, 0.5f);
+        w[i] = xmalloc(en_quant_row_size(b, K) * N[i]);
+        CHECK(en_quantize_rows(b, w[i], wf, N[i], K) == EN_OK);
+        if (b != f[i])
+            CHECK(en_quant_interleave(b, w[i], N[i], K) == EN_OK);
+        y1[i] = xmalloc(sizeof(float) * 6 * N[i]);
+        yn[i] = xmalloc(sizeof(float) * 6 * N[i]);
+        const en_quant_mm t = {f[i], w[i], yn[i], N[i]};
+        mm[i] = t;
+    }
+    for (int a = 0; a < 3; a++)
+        for (int v = 0; v < 6; v++) {
+            const int M = Ms[a], nt = 1 + v % 2;
+            en_quant_set_simd(EN_QUANT_SIMD_BEST - v / 2);
+            int same = 1;
+            for (int i = 0; i < NM; i++) {
+                for (int j = 0; j < M * N[i]; j++)
+                    yn[i][j] = NAN;
+                CHECK(en_quant_matmul(f[i], y1[i], x, w[i], M, N[i], K, nt) == EN_OK);
+            }
+            CHECK(en_quant_matmul_n(mm, NM, x, M, K, nt) == EN_OK);
+            for (int i = 0; i < NM; i++)
+                same &= memcmp(y1[i], yn[i], sizeof(float) * M * N[i]) == 0;
+            CHECK(same, "matmul_n M%d %s %d threads: each y as en_quant_matmul's", M,
+                  en_quant_simd_name(), nt);
+        }
+    en_quant_set_simd(EN_QUANT_SIMD_BEST);
+    /* bad arguments: nothing written */
+    for (int j = 0; j < N[0]; j++)
+        yn[0][j] = NAN;
+    en_quant_mm bad[2] = {mm[0], mm[3]};
+    bad[1].N = 6; /* interleaved: N must be a multiple of 4 */
+    CHECK(en_quant_matmul_n(bad, 2, x, 1, K, 2) == EN_ERR_ARG);
+    CHECK(isnan(yn[0][0]) && isnan(yn[0][N[0] - 1]), "matmul_n: a bad matrix writes nothing");
+    CHECK(en_quant_matmul_n(mm, 0, x, 1, K, 2) == EN_ERR_ARG);
+    CHECK(en_quant_matmul_n(mm, EN_QUANT_MM_MAX + 1, x, 1, K, 2) == EN_ERR_ARG);
+    CHECK(en_quant_matmul_n(mm, 2, NULL, 1, K, 2) == EN_ERR_ARG);
+    for (int i = 0; i < NM; i++) {
+        free(w[i]);
+        free(y1[i]);
+        free(yn[i]);
+    }
+    free(x);
+    free(wf);
+}
+
 /* GB/s of weight bytes streamed at decode shape; printed, not asserted. */
 static void bench(en_test_rng *r) {
     const int M = 1, N = 2048, K = 768, reps = 10;
@@ -533,6 +597,7 @@ int main(void) {
     }
     test_x_levels(&r);
     test_matmul(&r);
+    test_matmul_n(&r);
     bench(&r);
     return en_test_finish("test_quant");
 }

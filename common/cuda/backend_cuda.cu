@@ -742,6 +742,7 @@ static const en_backend_ops cuda_ops = {
     /* .matmul_q_bwd_x = */ NULL,
     /* .embedding_q = */ NULL,
     /* .attention_seqs = */ NULL, /* backend.c calls attention_rows per sequence */
+    /* .matmul_q_n = */ NULL,
 };
 
 /* A failed CUDA call during create: record it and go to the cleanup. */
