@@ -11,13 +11,15 @@
  * cancel the rest, exit 0.
  *
  * Before any of that, unless the user chose an OpenMP wait policy, serve
- * runs itself again with OMP_WAIT_POLICY=passive (exec_passive_omp).
+ * runs itself again with one (exec_omp_wait: a short spin where the cores
+ * are free, passive where other work has them).
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h> /* mallopt */
@@ -122,26 +124,72 @@ static void usage(FILE *f) {
             "  --precision P           fp32 | tf32 | bf16: matmul arithmetic (default bf16 on\n"
             "                          cuda; the CPU has fp32 only)\n"
             "\n"
-            "OpenMP threads sleep while they wait (OMP_WAIT_POLICY=passive) unless\n"
-            "OMP_WAIT_POLICY or GOMP_SPINCOUNT is set: see docs/serving.md.\n");
+            "  --omp-wait W            auto | spin | passive: how OpenMP threads wait\n"
+            "                          between parallel regions (default auto: spin briefly\n"
+            "                          if the cores the threads need are idle at startup,\n"
+            "                          else sleep); ignored when OMP_WAIT_POLICY or\n"
+            "                          GOMP_SPINCOUNT is set: see docs/serving.md\n");
 }
 
 /* OpenMP's default wait policy spins: a thread waiting for the next
- * parallel region or at a barrier keeps its core. A decode step opens a few
- * hundred small regions, and on a machine whose cores are shared (more
+ * parallel region or at a barrier keeps its core. A decode step opens
+ * dozens of small regions, and on a machine whose cores are shared (more
  * runnable threads than cores) the spinning thread takes the core that the
  * thread it waits for needs, so a fork-join can cost a time slice: on a
  * loaded 2-core machine the server spent most of its time in libgomp's spin
  * loop and served 14 tok/s at concurrency 1 and ~100 at 32, against 95 and
- * ~440 with OMP_WAIT_POLICY=passive (issue 13). libgomp reads the policy
- * when it is loaded, before main, so the only way to choose it here is to
- * run again with it set (execv keeps the pid, the descriptors and the
- * signal mask). Nothing happens when the user set either variable, and if
- * the exec fails the server goes on with the default. */
-static void exec_passive_omp(int argc, char **argv) {
+ * ~440 with OMP_WAIT_POLICY=passive (issue 13). But a sleeping thread takes
+ * a futex wake-up at every region: on 2 idle cores (s110m q4) passive
+ * served 158-169 tok/s at concurrency 1 against 246-278 with a spin of
+ * GOMP_SPINCOUNT=3000-10000 iterations before sleeping, while with 2 busy
+ * loops beside it the short spin lost (95 against 139). So --omp-wait auto
+ * looks at the machine at startup: spin (GOMP_SPINCOUNT=10000) when at
+ * least as many cores as threads were idle over 200 ms, else passive.
+ * libgomp reads these when it is loaded, before main, so the only way to
+ * choose here is to run again with one set (execv keeps the pid, the
+ * descriptors and the signal mask). Nothing happens when the user set
+ * either variable, and if the exec fails the server goes on with the
+ * default. */
+
+/* CPU time counters of /proc/stat's first line: idle (idle + iowait) and
+ * total; 0 when it cannot be read. */
+static int cpu_times(unsigned long long *idle, unsigned long long *total) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return 0;
+    unsigned long long v[8] = {0};
+    const int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                         &v[3], &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n < 4) return 0;
+    *idle = v[3] + v[4];
+    *total = 0;
+    for (int i = 0; i < 8; i++) *total += v[i];
+    return 1;
+}
+
+/* How many cores were idle over the next 200 ms; -1 if unknown. */
+static double idle_cores(void) {
+    unsigned long long i0, t0, i1, t1;
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu < 1 || !cpu_times(&i0, &t0)) return -1.0;
+    const struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    if (!cpu_times(&i1, &t1) || t1 <= t0) return -1.0;
+    return (double)ncpu * (double)(i1 - i0) / (double)(t1 - t0);
+}
+
+/* mode: "auto", "spin" or "passive" (checked); n_threads 0 for all cores. */
+static void exec_omp_wait(int argc, char **argv, const char *mode, int n_threads) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    int spin = strcmp(mode, "spin") == 0;
+    if (strcmp(mode, "auto") == 0) {
+        const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        const int need = n_threads > 0 ? n_threads : (int)(ncpu > 0 ? ncpu : 1);
+        spin = idle_cores() >= (double)need - 0.25;
+    }
+    const char *var = spin ? "GOMP_SPINCOUNT" : "OMP_WAIT_POLICY";
     char **av = en_calloc((size_t)argc + 2, sizeof *av);
-    if (!av || setenv("OMP_WAIT_POLICY", "passive", 1) != 0) {
+    if (!av || setenv(var, spin ? "10000" : "passive", 1) != 0) {
         en_free(av);
         return;
     }
@@ -149,7 +197,7 @@ static void exec_passive_omp(int argc, char **argv) {
     for (int i = 0; i < argc; i++) av[i + 1] = argv[i];
     fflush(NULL);
     execv("/proc/self/exe", av);
-    unsetenv("OMP_WAIT_POLICY"); /* still here: the exec failed */
+    unsetenv(var); /* still here: the exec failed */
     en_free(av);
 }
 
@@ -221,6 +269,7 @@ int en_cmd_serve(int argc, char **argv) {
     en_engine_config ec = en_engine_config_default();
     const char *api_key = NULL, *api_key_file = NULL, *tmpl_name = NULL, *model_name = NULL;
     int grace = 30, quiet = 0, bad = 0, max_body = 0;
+    const char *omp_wait = "auto";
     int max_adapters = 16, max_rank = 64, n_named = 0;
     const char *named[64]; /* NAME=DIR of --adapter */
     en_err err = {0};
@@ -294,6 +343,13 @@ int en_cmd_serve(int argc, char **argv) {
             ec.no_prefix_cache = 1;
         } else if (en_cli_switch(argv, i, "--quiet")) {
             quiet = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--omp-wait", &v, &bad)) {
+            if (!bad && strcmp(v, "auto") != 0 && strcmp(v, "spin") != 0 &&
+                strcmp(v, "passive") != 0) {
+                en_cli_error(CMD, "--omp-wait: '%s' is not auto, spin or passive", v);
+                bad = 1;
+            }
+            omp_wait = v;
         } else {
             en_cli_error(CMD, "unknown argument '%s' (see energon serve --help)", argv[i]);
             bad = 1;
@@ -326,7 +382,7 @@ int en_cmd_serve(int argc, char **argv) {
                      max_adapters);
         return EN_EXIT_USAGE;
     }
-    exec_passive_omp(argc, argv);
+    exec_omp_wait(argc, argv, omp_wait, lo.n_threads);
     char name_buf[256];
     en_cli_dir_basename(lo.dir, name_buf, sizeof name_buf);
     char *key_buf = NULL;
