@@ -366,6 +366,56 @@ print(s[n//2] if n % 2 else (s[n//2-1]+s[n//2])/2)' <<<"$out" 2>>"$log") && [ -n
     fi
 }
 
+# Decode at batch 1, energon and llama-bench taking turns repeat by repeat:
+# the machine's memory read rate can move by 2x over minutes (seen on the
+# 2-core EPYC this was written on), and one side's repeats all before the
+# other's would compare two different machines. Each energon repeat also
+# measures the read bandwidth right after it. Prints one line, medians:
+#   en_tok/s lc_tok/s en_GB/s lc_GB/s en_share lc_share
+# GB/s: tokens/s times the weight bytes energon reads per token at this
+# width (llama.cpp's GGUF holds the same matrices at the same widths, so
+# the same bytes); share: GB/s over the bandwidth of the same repeat.
+decode1_pair() { # width
+    local w=$1 f i out v t bytes="" en="" lc="" egb="" lgb="" esh="" lsh="" bw
+    f=$(gguf_of "$w")
+    for ((i = 0; i < REPEATS; i++)); do
+        bw=""
+        if out=$("$ENERGON" bench decode --tokens 64 --prompt 16 --model "$MDIR" \
+            --threads "$THREADS" $EN_WFLAG "$w" --repeats 1 --json 2>"$W/en.log") &&
+            v=$(jfield tok_per_s <<<"$out") && [ -n "$v" ]; then
+            bytes=$(jfield param_bytes <<<"$out")
+            bw=$(jfield read_bw_gb_per_s <<<"$out")
+            en="$en $v"
+            t=$(awk -v a="$v" -v b="$bytes" -v c="$bw" 'BEGIN { g = a * b / 1e9
+                printf "%.3f %.1f", g, (c > 0 ? 100 * g / c : 0) }')
+            egb="$egb ${t% *}" esh="$esh ${t#* }"
+        else
+            fail_note "energon $w bench decode (paired)" "$W/en.log" >/dev/null
+        fi
+        [ -f "$f" ] || continue
+        # shellcheck disable=SC2046
+        if out=$("$LLAMACPP_BIN/llama-bench" -m "$f" -t "$THREADS" -r 1 \
+            $(repack_off llama-bench) -p 0 -n 64 -d 16 -o json 2>"$W/lc.log") &&
+            v=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])' \
+                <<<"$out" 2>>"$W/lc.log") && [ -n "$v" ]; then
+            lc="$lc $v"
+            if [ -n "$bytes" ] && [ -n "$bw" ]; then
+                t=$(awk -v a="$v" -v b="$bytes" -v c="$bw" 'BEGIN { g = a * b / 1e9
+                    printf "%.3f %.1f", g, (c > 0 ? 100 * g / c : 0) }')
+                lgb="$lgb ${t% *}" lsh="$lsh ${t#* }"
+            fi
+        else
+            fail_note "llama-bench $w (paired decode)" "$W/lc.log" >/dev/null
+        fi
+    done
+    local x out_line=""
+    for x in "$en" "$lc" "$egb" "$lgb" "$esh" "$lsh"; do
+        v=$(median <<<"$x" 2>/dev/null) || v=n/a
+        out_line="$out_line ${v:-n/a}"
+    done
+    echo "$out_line"
+}
+
 lc_batched() { # width: llama-batched-bench, 32 sequences, S_TG, median of REPEATS runs
     local w=$1 f log=$W/lcb.log vals="" i out v
     f=$(gguf_of "$w")
@@ -466,22 +516,25 @@ lc_serve() { # width
 # ---------------------------------------------------------------------------
 ROWS=("decode tok/s, 1 sequence" "decode tok/s, 32 sequences" "prefill tok/s, 128 tokens"
     "served output tok/s, concurrency 1" "served output tok/s, concurrency 8"
-    "served output tok/s, concurrency 32")
-[ "$SERVE_REPEATS" = 0 ] && ROWS=("${ROWS[@]:0:3}")
+    "served output tok/s, concurrency 32" "decode GB/s of weights, 1 sequence"
+    "decode, % of the read bandwidth measured beside it")
+ROW_ORDER="0 6 7 1 2 3 4 5"
+[ "$SERVE_REPEATS" = 0 ] && ROW_ORDER="0 6 7 1 2"
 declare -A EN LC SERVED
 for w in $WIDTHS; do
     en_ok=1
     en_probe "$w" || en_ok=0
     if [ $en_ok = 1 ]; then
         log "width $w: energon bench decode / prefill"
-        EN[$w,0]=$(en_bench "$w" decode --tokens 64 --prompt 16)
+        pair=$(decode1_pair "$w")
+        read -r EN[$w,0] LC[$w,0] EN[$w,6] LC[$w,6] EN[$w,7] LC[$w,7] <<<"$pair"
         EN[$w,1]=$(en_bench "$w" decode --seqs 32 --tokens 64 --prompt 16)
         EN[$w,2]=$(en_bench "$w" prefill --tokens 128)
     else
-        EN[$w,0]=n/a EN[$w,1]=n/a EN[$w,2]=n/a
+        EN[$w,0]=n/a EN[$w,1]=n/a EN[$w,2]=n/a EN[$w,6]=n/a EN[$w,7]=n/a
+        LC[$w,0]=$(lc_bench "$w" -p 0 -n 64 -d 16) LC[$w,6]=n/a LC[$w,7]=n/a
     fi
     log "width $w: llama-bench / llama-batched-bench"
-    LC[$w,0]=$(lc_bench "$w" -p 0 -n 64 -d 16)
     LC[$w,1]=$(lc_batched "$w")
     LC[$w,2]=$(lc_bench "$w" -p 128 -n 0)
     [ "$SERVE_REPEATS" = 0 ] && continue # --serve-repeats 0: no served rows
@@ -520,6 +573,7 @@ echo "- q8/q4 on both sides: every transformer matrix at the width, the token em
 echo "  (energon's default --output-weights; llama-quantize --token-embedding-type f32 --output-tensor-type q8_0)"
 echo "- model: $MODEL ($(sed -n 's/.*"num_hidden_layers": *\([0-9]*\).*/\1 layers/p' "$MDIR/config.json"), $(sed -n 's/.*"hidden_size": *\([0-9]*\).*/hidden \1/p' "$MDIR/config.json"))"
 echo "- tokens/s, median of $REPEATS (served rows: of $SERVE_REPEATS); ratio = energon / llama.cpp, above 1 means energon is faster"
+echo "- decode, 1 sequence: energon and llama-bench take turns repeat by repeat; GB/s = tokens/s x the weight bytes energon reads per token (the same matrices at the same widths on both sides); the read bandwidth is energon bench decode's, measured right after each of its repeats"
 echo "- llama.cpp rows: llama-bench -p 0 -n 64 -d 16 | llama-batched-bench -npp 16 -ntg 64 -npl 32 (S_TG) | llama-bench -p 128 -n 0 | llama-server -np 32 -c 8192"
 echo
 hdr="| measurement |" sep="|---|"
@@ -529,7 +583,7 @@ for w in $WIDTHS; do
 done
 echo "$hdr"
 echo "$sep"
-for r in "${!ROWS[@]}"; do
+for r in $ROW_ORDER; do
     line="| ${ROWS[$r]} |"
     for w in $WIDTHS; do
         line="$line $(fmt "${EN[$w,$r]}") | $(fmt "${LC[$w,$r]}") | $(ratio "${EN[$w,$r]}" "${LC[$w,$r]}") |"
