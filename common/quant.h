@@ -170,6 +170,12 @@ typedef struct en_quant_mm {
 en_status en_quant_matmul_n(const en_quant_mm *mm, int n, const float *x, int M, int K,
                             int n_threads);
 
+/* 1 if en_quant_matmul runs fmt on int8 kernels fast enough to take a
+ * prompt's many rows too (AVX-512 VNNI for interleaved q8 / q4 / q4_1, at
+ * the current en_quant_set_simd level), where dequantising panels of w for
+ * a float32 GEMM is the faster way otherwise. */
+int en_quant_int8_prefill(en_quant_fmt fmt);
+
 /* 1 if the AVX2 kernels can run here (CPU and OS support). */
 int en_quant_simd_available(void);
 /* The instruction sets en_quant_matmul may use: the portable C kernels

@@ -949,16 +949,33 @@ static range_fn pick_range(en_quant_fmt fmt, int level, int simd) {
     return fn;
 }
 
-/* Rows n0..n1-1 of matrix mm against xq. */
+int en_quant_int8_prefill(en_quant_fmt fmt) {
+    return simd_level() >= EN_QUANT_SIMD_BEST && en_quant_simd_available() &&
+           en_quant_vnni_cpu() && en_quant_vnni_range((int)fmt) != NULL;
+}
+
+/* x rows per pass over the weights: a prompt's quantised x (M K bytes)
+ * would not stay in cache while every quad of w goes by it */
+#define M_BLOCK 256
+
+/* Rows n0..n1-1 of matrix mm against xq, M_BLOCK x rows at a time (each y
+ * element is computed the same way whatever the blocking). */
 static void run_range(const en_quant_mm *mm, range_fn fn, size_t wrs, int n0, int n1,
                       const xq8 *xq, int M) {
     const uint8_t *w = mm->w;
-    if (fn)
-        fn(w, wrs, n0, n1, xq, M, mm->y, (size_t)mm->N);
-    else if (mm->fmt != en_quant_base(mm->fmt))
-        range_x4_c(en_quant_base(mm->fmt), w, wrs, n0, n1, xq, M, mm->y, (size_t)mm->N);
-    else
-        range_c(mm->fmt, w, wrs, n0, n1, xq, M, mm->y, (size_t)mm->N);
+    const size_t K = (size_t)xq->nb * 32, nb = (size_t)xq->nb;
+    for (int m0 = 0; m0 < M; m0 += M_BLOCK) {
+        const int mb = M - m0 < M_BLOCK ? M - m0 : M_BLOCK;
+        const xq8 v = {xq->q + m0 * K, xq->qi + m0 * K, xq->d + m0 * nb, xq->s + m0 * nb,
+                       xq->h + 2 * m0 * nb, xq->nb};
+        float *y = mm->y + (size_t)m0 * (size_t)mm->N;
+        if (fn)
+            fn(w, wrs, n0, n1, &v, mb, y, (size_t)mm->N);
+        else if (mm->fmt != en_quant_base(mm->fmt))
+            range_x4_c(en_quant_base(mm->fmt), w, wrs, n0, n1, &v, mb, y, (size_t)mm->N);
+        else
+            range_c(mm->fmt, w, wrs, n0, n1, &v, mb, y, (size_t)mm->N);
+    }
 }
 
 en_status en_quant_matmul_n(const en_quant_mm *mm, int n, const float *x, int M, int K,
