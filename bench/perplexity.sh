@@ -95,7 +95,13 @@ if [ -z "$HF" ]; then
     HF=$HOME/.cache/energon/smollm2/hf
     if [ ! -f "$HF/config.json" ]; then
         log "making SmolLM2-135M-Instruct's Hugging Face directory with shared/models/smollm2/get.sh"
-        "$SHARED/models/smollm2/get.sh" "$HOME/.cache/energon/smollm2" --hf >&2 || die "get.sh failed"
+        # with llama.cpp's python (torch, transformers), plus what
+        # transformers needs to read a GGUF file
+        "$LLAMACPP_PYTHON" -c "import gguf, accelerate" 2>/dev/null ||
+            "$LLAMACPP_PYTHON" -m pip install --quiet "gguf>=0.10.0" accelerate >&2 ||
+            die "pip install gguf accelerate failed"
+        PYTHON=$LLAMACPP_PYTHON "$SHARED/models/smollm2/get.sh" "$HOME/.cache/energon/smollm2" \
+            --hf >&2 || die "get.sh failed"
     fi
 fi
 [ -f "$HF/config.json" ] && [ -f "$HF/tokenizer.json" ] || die "$HF: no config.json / tokenizer.json"
