@@ -7,8 +7,11 @@
 #   - `generate --chat --weights f32` (the tensors dequantised on load)
 #     greedy ids = transformers' greedy answer;
 #   - `eval` mean NLL of a text within 1e-4 of transformers' (the GGUF with
-#     its quantised tensors kept, whose prompt-sized products run on the
-#     dequantised panels, and the directory);
+#     its quantised tensors kept, its prompt-sized products on dequantised
+#     panels with float32 activations (EN_QUANT_SIMD=avx2), and the
+#     directory); where the CPU runs quantised prompts on its int8 kernels
+#     (AVX-512 VNNI: activations quantised to q8), the default eval within
+#     2% of it;
 #   - `serve --model FILE.gguf --weights f32` answers the official openai client with
 #     transformers' greedy text, streamed and not;
 #   - a LoRA fine-tune on a small chat .jsonl with the GGUF (quantised
@@ -78,7 +81,8 @@ done
 # ---- eval NLL against transformers
 want=$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["scored"], d["nll"])' "$FX/chat/smollm2_eval.json")
 for src in "$G" "$M"; do
-    got=$("$ENERGON" eval --model "$src" --data "$FX/text/smollm2_eval.txt" --json --threads 2 2>/dev/null |
+    got=$(EN_QUANT_SIMD=avx2 "$ENERGON" eval --model "$src" --data "$FX/text/smollm2_eval.txt" \
+          --json --threads 2 2>/dev/null |
           "$PY" -c 'import json,sys; d=json.load(sys.stdin); print(d["tokens"], d["nll"])')
     if awk -v w="$want" -v g="$got" 'BEGIN { split(w, a, " "); split(g, b, " "); d = (a[2] - b[2]) / a[2]; if (d < 0) d = -d; exit !(a[1] == b[1] && d <= 1e-4) }'; then
         ok "eval --model $(basename "$src"): tokens, nll $got = transformers' $want"
@@ -86,6 +90,14 @@ for src in "$G" "$M"; do
         bad "eval --model $src: '$got', transformers '$want'"
     fi
 done
+
+got=$("$ENERGON" eval --model "$G" --data "$FX/text/smollm2_eval.txt" --json --threads 2 2>/dev/null |
+      "$PY" -c 'import json,sys; d=json.load(sys.stdin); print(d["tokens"], d["nll"])')
+if awk -v w="$want" -v g="$got" 'BEGIN { split(w, a, " "); split(g, b, " "); d = (a[2] - b[2]) / a[2]; if (d < 0) d = -d; exit !(a[1] == b[1] && d <= 2e-2) }'; then
+    ok "eval --model FILE.gguf, default kernels: nll $got within 2% of transformers' $want"
+else
+    bad "eval --model $G, default kernels: '$got', transformers '$want'"
+fi
 
 # ---- serve --model FILE.gguf with the openai client
 "$ENERGON" serve --model "$G" --weights f32 --port 0 --threads 2 --model-name smollm2 >"$T/serve.log" 2>&1 &
@@ -139,7 +151,8 @@ else
     bad "LoRA on FILE.gguf: held-out losses '$vl'"; tail -3 "$T/ft.log"
 fi
 if "$PYT" -c 'import torch, transformers, peft' 2>/dev/null; then
-    got=$("$ENERGON" eval --model "$G" --adapter "$T/run" --data "$FX/text/smollm2_eval.txt" --json --threads 2 2>/dev/null |
+    got=$(EN_QUANT_SIMD=avx2 "$ENERGON" eval --model "$G" --adapter "$T/run" \
+          --data "$FX/text/smollm2_eval.txt" --json --threads 2 2>/dev/null |
           "$PY" -c 'import json,sys; print(json.load(sys.stdin)["nll"])')
     want=$("$PYT" - "$M" "$T/run" "$FX/chat/smollm2_eval.json" <<'EOF' 2>"$T/peft.err"
 import json, sys, torch
