@@ -454,6 +454,10 @@ int en_cmd_serve(int argc, char **argv) {
             v6 ? "[" : "", sc.host, v6 ? "]" : "", en_server_port(srv), sc.model_name,
             en_engine_n_ctx(eng), got->max_batch, got->kv_cache_tokens, got->block_size,
             en_tokenizer_file(cm.tok), en_chat_template_describe(tmpl));
+    const char *owp = getenv("OMP_WAIT_POLICY"), *osc = getenv("GOMP_SPINCOUNT");
+    fprintf(stderr, "energon serve: OpenMP threads wait with %s%s (--omp-wait %s)\n",
+            owp ? "OMP_WAIT_POLICY=" : osc ? "GOMP_SPINCOUNT=" : "libgomp's default",
+            owp ? owp : osc ? osc : "", omp_wait);
 
     int sig = 0;
     while (sigwait(&stop_set, &sig) != 0) {
