@@ -197,7 +197,7 @@ int main(int argc, char **argv) {
            n_threads, BW_BYTES >> 20, bw, bw_best);
     printf("en_quant_matmul, %d thread(s), SIMD %s, median of %d passes over >= %zu MiB of "
            "weights (N=2048,K=768 / N=768,K=2048)\n",
-           n_threads, en_quant_simd_available() ? "avx2" : "off", passes, WORKING_SET >> 20);
+           n_threads, en_quant_simd_name(), passes, WORKING_SET >> 20);
     printf("%-6s %-4s | %9s %8s %7s | %9s %8s %7s | %9s\n", "format", "M", "us median", "GB/s",
            "% of bw", "us best", "GB/s", "% of bw", "L2 GB/s");
     static const int Ms[] = {1, 8, 32};

@@ -375,6 +375,10 @@ print(s[n//2] if n % 2 else (s[n//2-1]+s[n//2])/2)' <<<"$out" 2>>"$log") && [ -n
 # GB/s: tokens/s times the weight bytes energon reads per token at this
 # width (llama.cpp's GGUF holds the same matrices at the same widths, so
 # the same bytes); share: GB/s over the bandwidth of the same repeat.
+gbs_share() { # tok/s bytes-per-token bandwidth: "GB/s percent-of-bandwidth"
+    awk -v a="$1" -v b="$2" -v c="$3" 'BEGIN { g = a * b / 1e9
+        printf "%.3f %.1f", g, (c > 0 ? 100 * g / c : 0) }'
+}
 decode1_pair() { # width
     local w=$1 f i out v t bytes="" en="" lc="" egb="" lgb="" esh="" lsh="" bw
     f=$(gguf_of "$w")
@@ -386,8 +390,7 @@ decode1_pair() { # width
             bytes=$(jfield param_bytes <<<"$out")
             bw=$(jfield read_bw_gb_per_s <<<"$out")
             en="$en $v"
-            t=$(awk -v a="$v" -v b="$bytes" -v c="$bw" 'BEGIN { g = a * b / 1e9
-                printf "%.3f %.1f", g, (c > 0 ? 100 * g / c : 0) }')
+            t=$(gbs_share "$v" "$bytes" "$bw")
             egb="$egb ${t% *}" esh="$esh ${t#* }"
         else
             fail_note "energon $w bench decode (paired)" "$W/en.log" >/dev/null
@@ -400,8 +403,7 @@ decode1_pair() { # width
                 <<<"$out" 2>>"$W/lc.log") && [ -n "$v" ]; then
             lc="$lc $v"
             if [ -n "$bytes" ] && [ -n "$bw" ]; then
-                t=$(awk -v a="$v" -v b="$bytes" -v c="$bw" 'BEGIN { g = a * b / 1e9
-                    printf "%.3f %.1f", g, (c > 0 ? 100 * g / c : 0) }')
+                t=$(gbs_share "$v" "$bytes" "$bw")
                 lgb="$lgb ${t% *}" lsh="$lsh ${t#* }"
             fi
         else

@@ -14,8 +14,8 @@
  *    results do not depend on M or the thread count, so a sequence's
  *    tokens are the same alone and in a batch.
  *  - More rows (prefill) otherwise: panels of Q_PANEL_ROWS rows of w
- *    dequantised into per-thread float32 scratch and multiplied by a single-threaded sgemm
- *    inside our OpenMP loop over panels: the dequantisation is one pass
+ *    dequantised into per-thread float32 scratch and multiplied by a
+ *    single-threaded sgemm inside our OpenMP loop over panels: the dequantisation is one pass
  *    over each panel, into cache, beside a product that reuses it M times,
  *    so prefill runs at the float32 GEMM's speed. The activations are not
  *    quantised here (float32 x times the dequantised weights).
@@ -67,33 +67,32 @@ static int matmul_q_panels(en_backend *be, float *y, const float *x, const uint8
 
 void en_cpu_matmul_q(en_backend *be, float *y, const float *x, const void *w, int qfmt,
                      const float *bias, int M, int N, int K) {
-    const en_quant_fmt f = (en_quant_fmt)qfmt;
-    if (M > Q_GEMV_MAX_M && !be->batch_invariant && !en_quant_int8_prefill(f) &&
-        matmul_q_panels(be, y, x, w, f, bias, M, N, K))
-        return;
-    en_status s = en_quant_matmul(f, y, x, w, M, N, K, be->n_threads);
-    EN_ASSERT(s == EN_OK); /* arguments checked by backend.c; only its scratch can fail */
-    if (bias) add_bias(y, bias, M, N, 0, N);
+    const en_op_qmm mm = {y, w, qfmt, bias, N};
+    en_cpu_matmul_q_n(be, &mm, 1, x, M, K);
 }
 
+/* Each matrix takes the panels where they are the faster (and scratch can
+ * be had), the rest go to en_quant_matmul_n together. */
 void en_cpu_matmul_q_n(en_backend *be, const en_op_qmm *mm, int n, const float *x, int M, int K) {
-    int int8 = 1;
-    for (int i = 0; i < n; i++) int8 &= en_quant_int8_prefill((en_quant_fmt)mm[i].qfmt);
-    if (M > Q_GEMV_MAX_M && !be->batch_invariant && !int8) { /* prefill: panels, one by one */
-        for (int i = 0; i < n; i++)
-            if (mm[i].N > 0)
-                en_cpu_matmul_q(be, mm[i].y, x, mm[i].w, mm[i].qfmt, mm[i].bias, M, mm[i].N, K);
-        return;
+    const int many = M > Q_GEMV_MAX_M && !be->batch_invariant;
+    en_quant_mm q[EN_OP_QMM_MAX];
+    const en_op_qmm *of[EN_OP_QMM_MAX]; /* q[j]'s matrix */
+    int nq = 0;
+    for (int i = 0; i < n; i++) {
+        const en_quant_fmt f = (en_quant_fmt)mm[i].qfmt;
+        if (mm[i].N == 0 || (many && !en_quant_int8_prefill(f) &&
+                             matmul_q_panels(be, mm[i].y, x, mm[i].w, f, mm[i].bias, M,
+                                             mm[i].N, K)))
+            continue;
+        const en_quant_mm t = {f, mm[i].w, mm[i].y, mm[i].N};
+        of[nq] = &mm[i];
+        q[nq++] = t;
     }
-    en_quant_mm q[EN_OP_QMM_MAX] = {{0}};
-    for (int i = 0; i < n && i < EN_OP_QMM_MAX; i++) {
-        const en_quant_mm t = {(en_quant_fmt)mm[i].qfmt, mm[i].w, mm[i].y, mm[i].N};
-        q[i] = t;
-    }
-    en_status s = en_quant_matmul_n(q, n, x, M, K, be->n_threads);
+    if (nq == 0) return;
+    en_status s = en_quant_matmul_n(q, nq, x, M, K, be->n_threads);
     EN_ASSERT(s == EN_OK); /* arguments checked by backend.c; only its scratch can fail */
-    for (int i = 0; i < n; i++)
-        if (mm[i].bias) add_bias(mm[i].y, mm[i].bias, M, mm[i].N, 0, mm[i].N);
+    for (int j = 0; j < nq; j++)
+        if (of[j]->bias) add_bias(of[j]->y, of[j]->bias, M, of[j]->N, 0, of[j]->N);
 }
 
 void en_cpu_matmul_q_bwd_x(en_backend *be, float *dx, const float *dy, const void *w, int qfmt,

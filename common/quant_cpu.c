@@ -84,9 +84,6 @@
 #define QUANT_X86 0
 #endif
 
-#define Q8_BYTES 34
-#define Q4_BYTES 18
-#define Q4_1_BYTES 20
 #define Q4_K_BYTES 144
 #define Q6_K_BYTES 210
 /* Below this many weight bytes a GEMV is too small to share among threads. */
@@ -147,9 +144,14 @@ static int simd_level(void) {
     return g_simd_level;
 }
 
+/* 1 where the VNNI kernels may run at this level. */
+static int vnni_on(int level) {
+    return level >= EN_QUANT_SIMD_BEST && en_quant_simd_available() && en_quant_vnni_cpu();
+}
+
 const char *en_quant_simd_name(void) {
     const int level = simd_level();
-    if (level >= EN_QUANT_SIMD_BEST && en_quant_vnni_cpu() && en_quant_simd_available())
+    if (vnni_on(level))
         return "avx512-vnni";
     return level >= EN_QUANT_SIMD_AVX2 && en_quant_simd_available() ? "avx2" : "c";
 }
@@ -473,12 +475,6 @@ static inline size_t group_bytes(en_quant_fmt fmt) {
     default: return Q6_K_BYTES / 2;
     }
 }
-
-/* prefetcht0 as volatile asm: GCC 12 at -O2 deletes these kernels'
- * _mm_prefetch calls (its dead-code pass treats them as removable). The
- * "m" operand is only an address: no load happens, so p may lie past the
- * end of w. */
-#define PREFETCH(p) __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)(p)))
 
 /* Prefetch the cache lines of group g of the weight row `ahead` bytes past
  * the row at w (a row that will be read later; it may lie past the end of
@@ -823,11 +819,6 @@ QUANT_AVX2 static void dequantize_avx2(en_quant_fmt fmt, float *dst, const uint8
 
 /* ---- interleaved rows (EN_QUANT_X4): one quad of weight rows per pass ---- */
 
-/* Bytes ahead of the quad block being read that the x4 kernels prefetch:
- * one stream per thread, well ahead of the hardware prefetcher. */
-#ifndef X4_PF
-#define X4_PF 1024
-#endif
 
 /* The terms of block i (x's block index) of the quad block at qb, for its
  * rows 0..3 as lanes 0..3: the same integers and float operations as
@@ -941,8 +932,7 @@ static range_fn pick_range(en_quant_fmt fmt, int level, int simd) {
         case EN_QUANT_Q4_K: fn = range_q4_k_avx2; break;
         default: fn = range_q6_k_avx2; break;
         }
-    if (simd && level >= EN_QUANT_SIMD_BEST && en_quant_vnni_cpu() &&
-        en_quant_vnni_range((int)fmt))
+    if (simd && vnni_on(level) && en_quant_vnni_range((int)fmt))
         fn = en_quant_vnni_range((int)fmt);
 #endif
     (void)fmt, (void)level, (void)simd; /* unused where there is no AVX2 path */
@@ -950,8 +940,7 @@ static range_fn pick_range(en_quant_fmt fmt, int level, int simd) {
 }
 
 int en_quant_int8_prefill(en_quant_fmt fmt) {
-    return simd_level() >= EN_QUANT_SIMD_BEST && en_quant_simd_available() &&
-           en_quant_vnni_cpu() && en_quant_vnni_range((int)fmt) != NULL;
+    return vnni_on(simd_level()) && en_quant_vnni_range((int)fmt) != NULL;
 }
 
 /* x rows per pass over the weights: a prompt's quantised x (M K bytes)

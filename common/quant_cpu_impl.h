@@ -9,6 +9,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Bytes per block of 32 of the plain formats. */
+#define Q8_BYTES 34
+#define Q4_BYTES 18
+#define Q4_1_BYTES 20
+
+/* prefetcht0 as volatile asm: GCC 12 at -O2 deletes these kernels'
+ * _mm_prefetch calls (its dead-code pass treats them as removable). The
+ * "m" operand is only an address: no load happens, so p may lie past the
+ * end of w. */
+#define PREFETCH(p) __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)(p)))
+
+/* Bytes ahead of the quad block being read that the x4 kernels prefetch:
+ * one stream per thread, well ahead of the hardware prefetcher. */
+#ifndef X4_PF
+#define X4_PF 1024
+#endif
+
 /* x(M,K) as q8 levels (M, K) int8, 32-byte aligned, and per block of 32
  * the scale dx and the level sum S (M, K/32), and the sums of its two 16s
  * (M, K/32, 2) int16 (q6_k's scales pair with them in one madd). qi holds

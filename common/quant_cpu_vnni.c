@@ -34,6 +34,7 @@
  * as __builtin_cpu_supports reads them), never from a CPU's name. AMX is
  * not used: a machine this project ran on reports it and faults on it.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "quant.h"
@@ -48,12 +49,23 @@
 #define QUANT_VNNI 0
 #endif
 
+#if QUANT_VNNI
+static int g_vnni;
+static pthread_once_t g_vnni_once = PTHREAD_ONCE_INIT;
+
+static void vnni_probe(void) {
+    __builtin_cpu_init();
+    g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("f16c");
+}
+#endif
+
+/* Asked at every matmul: the CPU is probed once. */
 int en_quant_vnni_cpu(void) {
 #if QUANT_VNNI
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-           __builtin_cpu_supports("f16c");
+    pthread_once(&g_vnni_once, vnni_probe);
+    return g_vnni;
 #else
     return 0;
 #endif
@@ -61,14 +73,8 @@ int en_quant_vnni_cpu(void) {
 
 #if QUANT_VNNI
 
-#define Q8_BYTES 34
-#define Q4_BYTES 18
-#define Q4_1_BYTES 20
 /* x rows per pass over a group of a quad's blocks */
 #define VT 4
-/* bytes ahead of the group being read that are prefetched */
-#define X4_PF 1024
-#define PREFETCH(p) __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)(p)))
 
 /* A group of up to 4 quad blocks, unpacked: u[2j], u[2j + 1] for block j
  * (q8: rows 0-1 and 2-3 as w + 128; q4, q4_1: low and high nibbles of
