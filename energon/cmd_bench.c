@@ -18,6 +18,7 @@
 #include "../models/lora.h"
 #include "../models/optim.h"
 #include "../models/train.h"
+#include "../common/blas_core.h"
 #include "../common/membw.h"
 #include "../common/quant.h"
 #include "cli.h"
@@ -392,14 +393,17 @@ int en_cmd_bench(int argc, char **argv) {
                "\"weight_gb_per_s\":%.3f,\"read_bw_gb_per_s\":%.3f,\"bw_share\":%.4f,"
                "\"gflop_per_s\":%.3f,"
                "\"param_bytes\":%.0f,\"weights\":\"%s\",\"quant_kernels\":\"%s\","
-               "\"rss_after_load_mb\":%.1f}\n",
+               "\"blas_core\":\"%s\",\"rss_after_load_mb\":%.1f}\n",
                mode, tokens, repeats, en_backend_n_threads(cm.be), tps, wgbs, bw, share, gflops,
-               bytes, wn, en_quant_simd_name(), rss_mb);
+               bytes, wn, en_quant_simd_name(), en_blas_core_name(), rss_mb);
     } else {
         printf("bench %s: %d tokens, median of %d, %d threads, %.1f MB of %s weights, "
                "%.1f MB resident after loading; int8 kernels: %s\n",
                mode, tokens, repeats, en_backend_n_threads(cm.be), bytes / 1e6, wn, rss_mb,
                en_quant_simd_name());
+        char blas[256];
+        en_blas_core_describe(blas, sizeof blas);
+        printf("  BLAS: %s\n", blas);
         printf("  tokens/s: %.2f\n", tps);
         if (is_decode)
             printf("  weights read: %.2f GB/s; memory read bandwidth measured after each repeat: "

@@ -25,6 +25,7 @@
 #include <malloc.h> /* mallopt */
 #endif
 
+#include "../common/blas_core.h"
 #include "../common/file.h"
 #include "../rag/index.h"
 #include "../serve/adapters.h"
@@ -458,6 +459,9 @@ int en_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "energon serve: OpenMP threads wait with %s%s (--omp-wait %s)\n",
             owp ? "OMP_WAIT_POLICY=" : osc ? "GOMP_SPINCOUNT=" : "libgomp's default",
             owp ? owp : osc ? osc : "", omp_wait);
+    char blas[256];
+    en_blas_core_describe(blas, sizeof blas);
+    fprintf(stderr, "energon serve: BLAS (prefill): %s\n", blas);
 
     int sig = 0;
     while (sigwait(&stop_set, &sig) != 0) {

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../common/blas_core.h"
+#include "../common/quant.h"
 #include "../common/status.h"
 #include "cli.h"
 
@@ -61,6 +63,7 @@ static void log_sink(en_log_level level, const char *msg, void *user) {
 }
 
 int main(int argc, char **argv) {
+    en_blas_core_check(argv); /* may run the program again, with better sgemm kernels */
     en_log_set_sink(log_sink, NULL, EN_LOG_INFO);
     if (argc < 2) {
         usage(stderr);
@@ -72,7 +75,10 @@ int main(int argc, char **argv) {
         return EN_EXIT_OK;
     }
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
-        printf("energon %s\n", ENERGON_VERSION);
+        char blas[256];
+        en_blas_core_describe(blas, sizeof blas);
+        printf("energon %s\nBLAS: %s\nint8 kernels: %s\n", ENERGON_VERSION, blas,
+               en_quant_simd_name());
         return EN_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
