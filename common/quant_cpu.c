@@ -893,15 +893,165 @@ quad_x4_avx2(en_quant_fmt fmt, const uint8_t *wq, size_t qbb, const xq8 *xq, int
     _mm_storeu_ps(y, _mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)));
 }
 
+/* [a | b]: two 4-lane vectors as one 8-lane one. */
+QUANT_AVX2 static inline __m256 pair_ps(__m128 a, __m128 b) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(a), b, 1);
+}
+
+/* A quad block's weights as the pair kernels use them, loaded and
+ * unpacked once for every pair of x rows: q8's four rows (u[0..3], their
+ * absolute values in u[4..7]); q4 / q4_1's rows 0, 1 and 2, 3 as low and
+ * high nibbles (u[0], u[1] and u[2], u[3]). d8 = the rows' scales in lanes
+ * 0..3 and again in 4..7, e8 = q4_1's minimums likewise. */
+typedef struct x4w {
+    __m256i u[8];
+    __m256 d8, e8;
+} x4w;
+
+QUANT_AVX2 static inline __attribute__((always_inline)) __m256 f16x4_dup(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_castpd_si128(_mm_loaddup_pd((const double *)(const void *)p)));
+}
+
+QUANT_AVX2 static inline __attribute__((always_inline)) void
+x4w_load(en_quant_fmt fmt, const uint8_t *qb, x4w *w) {
+    w->d8 = f16x4_dup(qb);
+    if (fmt == EN_QUANT_Q8) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            w->u[k] = _mm256_loadu_si256((const __m256i *)(qb + 8 + 32 * k));
+            w->u[4 + k] = _mm256_sign_epi8(w->u[k], w->u[k]);
+        }
+        return;
+    }
+    const int hdr = fmt == EN_QUANT_Q4 ? 8 : 16;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qb + hdr + 32 * h));
+        w->u[2 * h] = _mm256_and_si256(raw, low4);
+        w->u[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    }
+    if (fmt == EN_QUANT_Q4_1) w->e8 = f16x4_dup(qb + 8);
+}
+
+/* x4_terms for two x rows at once: lanes 0..3 the quad's rows 0..3 against
+ * x block i0 (row m's), lanes 4..7 against block i1 (row m + 1's), each
+ * lane the same integer and the same float operations as x4_terms; the two
+ * rows' sums are reduced and scaled together, in 8 lanes instead of 2 x 4. */
+QUANT_AVX2 static inline __attribute__((always_inline)) __m256
+x4_terms2(en_quant_fmt fmt, const x4w *w, const xq8 *xq, size_t i0, size_t i1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 dx = pair_ps(_mm_set1_ps(xq->d[i0]), _mm_set1_ps(xq->d[i1]));
+    __m256i I;
+    if (fmt == EN_QUANT_Q8) {
+        const __m256i x0 = _mm256_load_si256((const __m256i *)(xq->q + i0 * 32));
+        const __m256i x1 = _mm256_load_si256((const __m256i *)(xq->q + i1 * 32));
+        __m256i p[4], r[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            p[k] = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(w->u[4 + k], _mm256_sign_epi8(x0, w->u[k])), ones);
+            r[k] = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(w->u[4 + k], _mm256_sign_epi8(x1, w->u[k])), ones);
+        }
+        /* [rows 0..3, first halves | rows 0..3, second halves] per x row */
+        const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                             _mm256_hadd_epi32(p[2], p[3]));
+        const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], r[1]),
+                                             _mm256_hadd_epi32(r[2], r[3]));
+        I = _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20),
+                             _mm256_permute2x128_si256(g0, g1, 0x31));
+        return _mm256_mul_ps(_mm256_mul_ps(w->d8, dx), _mm256_cvtepi32_ps(I));
+    }
+    const int8_t *xa = xq->q + i0 * 32, *xb = xq->q + i1 * 32;
+    const __m256i xalo = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)xa));
+    const __m256i xahi = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(xa + 16)));
+    const __m256i xblo = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)xb));
+    const __m256i xbhi = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(xb + 16)));
+    __m256i p[2], r[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i lo = w->u[2 * h], hi = w->u[2 * h + 1];
+        p[h] = _mm256_madd_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, xalo), _mm256_maddubs_epi16(hi, xahi)), ones);
+        r[h] = _mm256_madd_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, xblo), _mm256_maddubs_epi16(hi, xbhi)), ones);
+    }
+    /* p[h] = [row 2h x4 | row 2h+1 x4]: hadd twice gives
+     * [r0 r2 r0' r2' | r1 r3 r1' r3'] (' = the second x row), and one
+     * permutation puts the rows in order */
+    const __m256i g = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                        _mm256_hadd_epi32(r[0], r[1]));
+    I = _mm256_permutevar8x32_epi32(g, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i S = _mm256_insertf128_si256(_mm256_castsi128_si256(_mm_set1_epi32(xq->s[i0])),
+                                              _mm_set1_epi32(xq->s[i1]), 1);
+    if (fmt == EN_QUANT_Q4)
+        return _mm256_mul_ps(_mm256_mul_ps(w->d8, dx),
+                             _mm256_cvtepi32_ps(_mm256_sub_epi32(I, _mm256_slli_epi32(S, 3))));
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(w->d8, dx), _mm256_cvtepi32_ps(I)),
+                         _mm256_mul_ps(_mm256_mul_ps(w->e8, dx), _mm256_cvtepi32_ps(S)));
+}
+
+/* quad_x4_avx2 for x rows m .. m + 2P - 1 (P pairs; y, y + ldy, ...): the
+ * same chains and the same final sums, a pair's first row in lanes 0..3
+ * and its second in 4..7; each block's weights unpacked once for all. */
+QUANT_AVX2 static inline __attribute__((always_inline)) void
+quad_x4_pairs_avx2(en_quant_fmt fmt, const int P, const uint8_t *wq, size_t qbb, const xq8 *xq,
+                   int m, float *y, size_t ldy) {
+    const int nb = xq->nb;
+    size_t i[2][2];
+    __m256 a[2][4];
+    for (int p = 0; p < P; p++) {
+        i[p][0] = (size_t)(m + 2 * p) * nb;
+        i[p][1] = i[p][0] + nb;
+        for (int c = 0; c < 4; c++) a[p][c] = _mm256_setzero_ps();
+    }
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            x4w w;
+            x4w_load(fmt, wq + (size_t)(b + c) * qbb, &w);
+            for (int p = 0; p < P; p++)
+                a[p][c] = _mm256_add_ps(a[p][c],
+                                        x4_terms2(fmt, &w, xq, i[p][0] + b + c, i[p][1] + b + c));
+        }
+    }
+    for (int c = 0; b < nb; b++, c++) { /* the chains of the tail blocks: 0, 1, 2 */
+        x4w w;
+        x4w_load(fmt, wq + (size_t)b * qbb, &w);
+        for (int p = 0; p < P; p++)
+            a[p][c] = _mm256_add_ps(a[p][c], x4_terms2(fmt, &w, xq, i[p][0] + b, i[p][1] + b));
+    }
+    for (int p = 0; p < P; p++) {
+        const __m256 s = _mm256_add_ps(_mm256_add_ps(a[p][0], a[p][1]), _mm256_add_ps(a[p][2], a[p][3]));
+        _mm_storeu_ps(y + 2 * p * ldy, _mm256_castps256_ps128(s));
+        _mm_storeu_ps(y + (2 * p + 1) * ldy, _mm256_extractf128_ps(s, 1));
+    }
+}
+
 /* Quads of weight rows n0..n1-1 (multiples of 4) for all M x rows: the
- * quad (a few KB) stays in L1 while the x rows pass by. */
+ * quad (a few KB) stays in L1 while the x rows pass by, two at a time. The
+ * first pass over a quad prefetches the next quads (the later passes find
+ * it in L1). */
 #define RANGE_X4_FN(name, FMT, BLOCK_BYTES)                                                        \
     QUANT_AVX2 static void name(const uint8_t *w, size_t wrs, int n0, int n1, const xq8 *xq,       \
                                 int M, float *y, size_t ldy) {                                     \
-        for (int n = n0; n < n1; n += 4)                                                           \
-            for (int m = 0; m < M; m++)                                                            \
-                quad_x4_avx2(FMT, w + (size_t)n * wrs, 4 * (BLOCK_BYTES), xq, m,                   \
-                             y + (size_t)m * ldy + n);                                             \
+        for (int n = n0; n < n1; n += 4) {                                                         \
+            const uint8_t *wq = w + (size_t)n * wrs;                                               \
+            int m = 0;                                                                             \
+            if (M >= 2 && QUANT_PF)                                                                \
+                for (size_t o = 0; o < 4 * wrs; o += 64)                                           \
+                    PREFETCH((const char *)((uintptr_t)wq + 4 * wrs + o));                         \
+            for (; (FMT) != EN_QUANT_Q8 && m + 4 <= M; m += 4)                                     \
+                quad_x4_pairs_avx2(FMT, 2, wq, 4 * (BLOCK_BYTES), xq, m, y + (size_t)m * ldy + n,  \
+                                   ldy);                                                           \
+            for (; m + 2 <= M; m += 2)                                                             \
+                quad_x4_pairs_avx2(FMT, 1, wq, 4 * (BLOCK_BYTES), xq, m, y + (size_t)m * ldy + n,  \
+                                   ldy);                                                           \
+            for (; m < M; m++)                                                                     \
+                quad_x4_avx2(FMT, wq, 4 * (BLOCK_BYTES), xq, m, y + (size_t)m * ldy + n);          \
+        }                                                                                          \
     }
 RANGE_X4_FN(range_q8_x4_avx2, EN_QUANT_Q8, Q8_BYTES)
 RANGE_X4_FN(range_q4_x4_avx2, EN_QUANT_Q4, Q4_BYTES)

@@ -474,13 +474,14 @@ static void test_matmul(en_test_rng *r) {
      * up to 16 x rows: M 1, 3, 5 and 17 (two tiles) take both loops, and
      * each batch row is checked against the same row alone; the VNNI x4
      * kernels take x rows 4 at a time, so M 2, 3, 5 and 17 leave 2, 3 and 1
-     * over. K 32, 64, 96 and 224 leave 1, 2, 3 and 3 tail blocks after the
-     * groups of 4. */
-    static const int Ms[] = {1, 2, 3, 5, 17}, Ns[] = {4, 5, 64, 300};
+     * over; the AVX2 x4 kernels take q4 and q4_1 rows 4 at a time, then
+     * pairs, then one (M 7: all three), q8 pairs, then one. K 32, 64, 96
+     * and 224 leave 1, 2, 3 and 3 tail blocks after the groups of 4. */
+    static const int Ms[] = {1, 2, 3, 5, 7, 17}, Ns[] = {4, 5, 64, 300};
     static const int Ks32[] = {32, 64, 96, 224, 2048}, Ks256[] = {256, 1280};
     for (int f = 0; f < N_FMTS; f++) {
         const int k256 = en_quant_block_elems(fmts[f]) == 256, nk = k256 ? 2 : 5;
-        for (int a = 0; a < 5; a++)
+        for (int a = 0; a < 6; a++)
             for (int b = 0; b < 4; b++)
                 for (int c = 0; c < nk; c++)
                     test_matmul_case(fmts[f], Ms[a], Ns[b], k256 ? Ks256[c] : Ks32[c], r);
