@@ -1001,6 +1001,7 @@ quad_x4_pairs_avx2(en_quant_fmt fmt, const int P, const uint8_t *wq, size_t qbb,
     const int nb = xq->nb;
     size_t i[2][2];
     __m256 a[2][4];
+#pragma GCC unroll 2
     for (int p = 0; p < P; p++) {
         i[p][0] = (size_t)(m + 2 * p) * nb;
         i[p][1] = i[p][0] + nb;
@@ -1012,6 +1013,7 @@ quad_x4_pairs_avx2(en_quant_fmt fmt, const int P, const uint8_t *wq, size_t qbb,
         for (int c = 0; c < 4; c++) {
             x4w w;
             x4w_load(fmt, wq + (size_t)(b + c) * qbb, &w);
+#pragma GCC unroll 2
             for (int p = 0; p < P; p++)
                 a[p][c] = _mm256_add_ps(a[p][c],
                                         x4_terms2(fmt, &w, xq, i[p][0] + b + c, i[p][1] + b + c));
@@ -1020,9 +1022,11 @@ quad_x4_pairs_avx2(en_quant_fmt fmt, const int P, const uint8_t *wq, size_t qbb,
     for (int c = 0; b < nb; b++, c++) { /* the chains of the tail blocks: 0, 1, 2 */
         x4w w;
         x4w_load(fmt, wq + (size_t)b * qbb, &w);
+#pragma GCC unroll 2
         for (int p = 0; p < P; p++)
             a[p][c] = _mm256_add_ps(a[p][c], x4_terms2(fmt, &w, xq, i[p][0] + b, i[p][1] + b));
     }
+#pragma GCC unroll 2
     for (int p = 0; p < P; p++) {
         const __m256 s = _mm256_add_ps(_mm256_add_ps(a[p][0], a[p][1]), _mm256_add_ps(a[p][2], a[p][3]));
         _mm_storeu_ps(y + 2 * p * ldy, _mm256_castps256_ps128(s));
