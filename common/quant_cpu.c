@@ -1028,16 +1028,18 @@ quad_x4_pairs_avx2(en_quant_fmt fmt, const int P, const uint8_t *wq, size_t qbb,
     }
 #pragma GCC unroll 2
     for (int p = 0; p < P; p++) {
-        const __m256 s = _mm256_add_ps(_mm256_add_ps(a[p][0], a[p][1]), _mm256_add_ps(a[p][2], a[p][3]));
+        const __m256 s =
+            _mm256_add_ps(_mm256_add_ps(a[p][0], a[p][1]), _mm256_add_ps(a[p][2], a[p][3]));
         _mm_storeu_ps(y + 2 * p * ldy, _mm256_castps256_ps128(s));
         _mm_storeu_ps(y + (2 * p + 1) * ldy, _mm256_extractf128_ps(s, 1));
     }
 }
 
 /* Quads of weight rows n0..n1-1 (multiples of 4) for all M x rows: the
- * quad (a few KB) stays in L1 while the x rows pass by, two at a time. The
- * first pass over a quad prefetches the next quads (the later passes find
- * it in L1). */
+ * quad (a few KB) stays in L1 while the x rows pass by: q4 / q4_1 four at a
+ * time, q8 two (its unpacked block takes 8 registers, so two pairs would
+ * spill), then pairs, then one. Before the x rows pass, the next quad is
+ * prefetched (the later passes find this one in L1). */
 #define RANGE_X4_FN(name, FMT, BLOCK_BYTES)                                                        \
     QUANT_AVX2 static void name(const uint8_t *w, size_t wrs, int n0, int n1, const xq8 *xq,       \
                                 int M, float *y, size_t ldy) {                                     \

@@ -481,7 +481,7 @@ static void test_matmul(en_test_rng *r) {
     static const int Ks32[] = {32, 64, 96, 224, 2048}, Ks256[] = {256, 1280};
     for (int f = 0; f < N_FMTS; f++) {
         const int k256 = en_quant_block_elems(fmts[f]) == 256, nk = k256 ? 2 : 5;
-        for (int a = 0; a < 6; a++)
+        for (size_t a = 0; a < sizeof Ms / sizeof Ms[0]; a++)
             for (int b = 0; b < 4; b++)
                 for (int c = 0; c < nk; c++)
                     test_matmul_case(fmts[f], Ms[a], Ns[b], k256 ? Ks256[c] : Ks32[c], r);
