@@ -108,8 +108,15 @@ static void usage(FILE *f) {
             "                          prompt that starts with another's full blocks of\n"
             "                          tokens reuses their keys and values)\n"
             "  --max-body BYTES        largest request body (default 1048576)\n"
-            "  --timeout S             idle / half-sent request timeout (default 30)\n"
-            "  --max-connections N     open connections (default 512)\n"
+            "  --timeout S             idle connection timeout: no byte sent or received\n"
+            "                          for S seconds (default 30)\n"
+            "  --request-timeout S     total time a client has to send a request's head and\n"
+            "                          body, however slowly it drips (default 30)\n"
+            "  --max-connections N     open connections, idle ones included (default 4096;\n"
+            "                          the open-file limit is raised to fit)\n"
+            "  --max-client-connections N  open connections per client address (default:\n"
+            "                          no cap)\n"
+            "  --http-threads N        event threads for HTTP (default: one per core, 2..8)\n"
             "  --grace S               on SIGTERM, time for running requests (default 30)\n"
             "  --embedding-pooling P   mean | last: how /v1/embeddings pools the final\n"
             "                          hidden states of an input's tokens (default mean)\n"
@@ -318,6 +325,15 @@ int en_cmd_serve(int argc, char **argv) {
             if (!bad && !en_cli_int(CMD, "--max-body", v, 1024, 1 << 30, &max_body)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--timeout", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--timeout", v, 1, 86400, &sc.io_timeout_s)) bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--request-timeout", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--request-timeout", v, 1, 86400, &sc.request_timeout_s))
+                bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--max-client-connections", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--max-client-connections", v, 1, 65536,
+                                    &sc.max_client_connections))
+                bad = 1;
+        } else if (en_cli_flag(argc, argv, &i, "--http-threads", &v, &bad)) {
+            if (!bad && !en_cli_int(CMD, "--http-threads", v, 1, 64, &sc.http_threads)) bad = 1;
         } else if (en_cli_flag(argc, argv, &i, "--max-connections", &v, &bad)) {
             if (!bad && !en_cli_int(CMD, "--max-connections", v, 1, 65536, &sc.max_connections))
                 bad = 1;

@@ -70,6 +70,12 @@ struct en_request {
     ev_node *head, *tail;
     ev_node *cur;  /* the event last handed to the owner (freed on the next call) */
     int finished;  /* the owner has seen DONE */
+    /* en_request_set_notify: called after each event is queued, outside mu
+     * (the callback takes its own locks); `notifying` counts calls under
+     * way, so that clearing the callback can wait them out. */
+    void (*notify)(void *arg);
+    void *notify_arg;
+    int notifying;
 };
 
 struct en_engine {
@@ -158,6 +164,14 @@ static void push_event(en_request *r, const en_gen_event *ev, const char *text, 
         r->head = n;
     r->tail = n;
     pthread_cond_broadcast(&r->cv);
+    void (*fn)(void *) = r->notify;
+    void *arg = r->notify_arg;
+    if (fn) r->notifying++;
+    pthread_mutex_unlock(&r->mu);
+    if (!fn) return;
+    fn(arg);
+    pthread_mutex_lock(&r->mu);
+    if (--r->notifying == 0) pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -229,6 +243,18 @@ int en_request_next(en_request *r, en_gen_event *ev, double timeout_s) {
     }
     pthread_mutex_unlock(&r->mu);
     return n != NULL;
+}
+
+void en_request_set_notify(en_request *r, void (*fn)(void *arg), void *arg) {
+    pthread_mutex_lock(&r->mu);
+    r->notify = fn;
+    r->notify_arg = arg;
+    /* a call that read the old callback may still run: wait for it */
+    while (r->notifying > 0) pthread_cond_wait(&r->cv, &r->mu);
+    int queued = r->head != NULL;
+    pthread_mutex_unlock(&r->mu);
+    /* events queued before the callback was set are announced once */
+    if (fn && queued) fn(arg);
 }
 
 void en_request_cancel(en_request *r) {

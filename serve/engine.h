@@ -160,6 +160,14 @@ typedef struct en_gen_event {
 /* Wait up to timeout_s (0: do not wait) for the next event. Returns 1 with
  * *ev filled, 0 when none came in time. After DONE it returns 0. */
 int en_request_next(en_request *r, en_gen_event *ev, double timeout_s);
+/* Call fn(arg) after each event is queued for r (from the engine's thread,
+ * with no engine lock held), so that an owner that does not block in
+ * en_request_next learns when to look (serve's event threads resume a
+ * suspended connection). fn must be quick and must not call back into r.
+ * Setting it again, or NULL, waits until calls of the old one have
+ * returned, so that arg may be freed afterwards; if events are already
+ * queued, fn is called once from here. Not to be called from fn. */
+void en_request_set_notify(en_request *r, void (*fn)(void *arg), void *arg);
 /* Stop generating (client went away): the scheduler frees the request's KV
  * blocks before its next step; a DONE "cancelled" event follows. Safe to
  * call more than once and after DONE. */

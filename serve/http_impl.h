@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,7 +76,50 @@ typedef enum http_route {
     ROUTE_COUNT
 } http_route;
 
-typedef struct http_req {
+/* ---- waiting without a thread (http_wait.c) ----
+ * The event threads (MHD's epoll thread pool) never block. A handler that
+ * has to wait (on the engine, or on work run off the event threads) parks
+ * its connection: MHD suspends it, and http_waiter_wake, from any thread,
+ * resumes it, after which MHD calls the same callback again. The server's
+ * watchdog (http_conns.c) also wakes every parked waiter each
+ * HTTP_TICK_S, so that hang-ups and shutdown are noticed while nothing
+ * else happens. */
+#define HTTP_TICK_S 0.1
+#define HTTP_MAX_CONNECTIONS 65536 /* --max-connections' upper bound */
+typedef struct http_waiter {
+    pthread_mutex_t mu;
+    struct MHD_Connection *conn;
+    en_server *srv;
+    int suspended; /* MHD_suspend_connection called, resume not yet (under mu) */
+    int pending;   /* woken since the last http_waiter_begin (under mu) */
+    int listed;    /* in the server's list of waiters (under the list's lock) */
+    struct http_waiter *prev, *next;
+} http_waiter;
+/* init registers w with the server's watchdog; deinit unregisters it and
+ * waits out a wake under way (never call it while w is parked). */
+void http_waiter_init(http_waiter *w, en_server *s, struct MHD_Connection *conn);
+void http_waiter_deinit(http_waiter *w);
+/* Before looking for work: forget earlier wakes. */
+void http_waiter_begin(http_waiter *w);
+/* From an MHD callback, after finding nothing to do: suspend the
+ * connection and return 1 (the callback then returns, MHD_YES or 0 bytes),
+ * or return 0 when a wake came since http_waiter_begin (look again). */
+int http_waiter_park(http_waiter *w);
+/* Any thread: resume w's connection if it is parked, else make the next
+ * park return 0. Thread-safe; cheap. */
+void http_waiter_wake(http_waiter *w);
+void http_waiter_wake_cb(void *w); /* the same, as an en_request_set_notify callback */
+
+/* ---- per-request state (one per HTTP request, owned by server.c) ---- */
+
+typedef struct http_req http_req;
+/* Work that may block (disk, the engine, a grammar's compilation) runs on a
+ * thread of its own, not on an event thread: `work` gets r and answers with
+ * the http_send_* functions as usual (the answer is kept and queued on the
+ * event thread when the work ends), or sets r->cont to go on there. */
+typedef enum MHD_Result (*http_work_fn)(http_req *r);
+
+struct http_req {
     en_server *srv;
     struct MHD_Connection *conn;
     char id[32];      /* hex, unique per request; "chatcmpl-<id>" etc. */
@@ -93,7 +137,21 @@ typedef struct http_req {
     int streamed;     /* a stream took over logging (its free callback logs) */
     int answered;     /* an answer went out before the body was read */
     const char *note; /* static; appended to the log line */
-} http_req;
+    int close_after;  /* the answer carries "Connection: close" (then MHD closes) */
+    /* off the event threads (http_wait.c) */
+    http_waiter wait; /* initialised once the request waits for anything */
+    int waiting;      /* wait is initialised */
+    http_work_fn work;
+    int work_running; /* its thread has not finished (under wait.mu) */
+    int capture;      /* http_send_* keep the answer instead of queueing it */
+    struct MHD_Response *captured;
+    int captured_status;
+    enum MHD_Result work_ret;
+    /* go on here on the event thread after a park (generation's waits) */
+    enum MHD_Result (*cont)(http_req *r);
+    void *cont_arg;
+    void (*cont_free)(void *arg); /* frees cont_arg if the request ends first */
+};
 
 /* ---- shared server state (server.c) ---- */
 
@@ -129,6 +187,19 @@ uint64_t srv_random_seed(en_server *s);
 void srv_request_done(en_server *s, http_route route, const char *id, const char *method,
                       const char *path, int status, int prompt_tokens, int completion_tokens,
                       double t0, const char *note);
+/* Run r->work on a thread of its own (http_wait.c); from the access
+ * handler. Returns what the handler returns. */
+enum MHD_Result http_offload(http_req *r, http_work_fn work);
+/* The access handler's later calls of an offloaded or parked request. */
+enum MHD_Result http_resumed(http_req *r);
+/* Offload threads running, and the wait for them at shutdown (server.c). */
+int srv_worker_begin(en_server *s);
+void srv_worker_end(en_server *s);
+/* The server's watchdog list of waiters (http_conns.c). */
+void srv_waiter_add(en_server *s, http_waiter *w);
+void srv_waiter_remove(en_server *s, http_waiter *w);
+/* Render the connection gauges and counters (http_conns.c) for /metrics. */
+void srv_conns_metrics(en_server *s, char **buf, size_t *len, size_t *cap);
 /* Render energon_requests_total into a buffer (metrics.c). */
 void srv_requests_metrics(en_server *s, char **buf, size_t *len, size_t *cap);
 const char *srv_route_label(http_route r);
@@ -146,6 +217,13 @@ int srv_route_allows(http_route r, const char *method, const char **allowed);
  * "Bearer KEY" (the scheme in any case, spaces before the key skipped),
  * compared in constant time. 0 when it matches, else -1 with a 401. */
 int http_check_auth(const char *authorization, const char *api_key, oa_err *e);
+/* Request framing (RFC 9112 6.1-6.3, request smuggling): the values of
+ * every Content-Length header (n_cl of them) and of Transfer-Encoding (NULL:
+ * none; several headers joined with ", "). Refused with a 400 naming the
+ * header: both present, Content-Length twice (equal or not) or not a
+ * decimal number, a transfer coding other than exactly "chunked". The
+ * caller closes the connection after the answer. 0 when fine. */
+int http_framing_check(const char *const *cl, int n_cl, const char *te, oa_err *e);
 /* 1 when a Content-Length header (NULL when absent) announces a body over
  * the limit. */
 int http_body_too_large(const char *content_length, size_t max_body_bytes);
@@ -174,8 +252,9 @@ enum MHD_Result http_send_text(http_req *r, int status, const char *content_type
 void http_add_common_headers(http_req *r, struct MHD_Response *resp);
 /* 1 when the client closed its side of the connection. */
 int http_client_gone(struct MHD_Connection *c);
-/* Reset MHD's idle timer: a long wait inside a callback is not idleness. */
-void http_touch(en_server *s, struct MHD_Connection *c);
+/* Queue resp (taken) as the answer with this status, or keep it when the
+ * request runs off the event threads (r->capture); sets r->status. */
+enum MHD_Result http_queue(http_req *r, int status, struct MHD_Response *resp);
 /* Constant-time comparison (time depends only on the length of `secret`). */
 int http_secret_equal(const char *given, size_t given_len, const char *secret);
 

@@ -102,7 +102,20 @@ enum MHD_Result http_send_text(http_req *r, int status, const char *content_type
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     http_add_common_headers(r, resp);
-    http_touch(r->srv, r->conn);
+    return http_queue(r, status, resp);
+}
+
+enum MHD_Result http_queue(http_req *r, int status, struct MHD_Response *resp) {
+    if (r->close_after) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (r->capture) {
+        /* Off the event threads: MHD_queue_response belongs to the event
+         * thread of the connection, which queues this when it resumes. */
+        if (r->captured) MHD_destroy_response(r->captured);
+        r->captured = resp;
+        r->captured_status = status;
+        r->status = status;
+        return MHD_YES;
+    }
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (ret == MHD_YES) r->status = status;
@@ -133,11 +146,7 @@ enum MHD_Result http_send_json(http_req *r, int status, json_t *body) {
         srv_route_allows(r->route, "", &allow);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
-    http_touch(r->srv, r->conn);
-    enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
-    MHD_destroy_response(resp);
-    if (ret == MHD_YES) r->status = status;
-    return ret;
+    return http_queue(r, status, resp);
 }
 
 json_t *oa_error_json(const oa_err *e) {
@@ -178,15 +187,6 @@ int http_client_gone(struct MHD_Connection *c) {
     return 0;
 }
 
-void http_touch(en_server *s, struct MHD_Connection *c) {
-    /* MHD measures idleness from the last byte sent or received, and checks
-     * it right after a callback returns. Setting the timeout again restarts
-     * the clock, so that a generation that took longer than --timeout is
-     * not cut off just before its answer goes out. */
-    unsigned t = (unsigned)srv_config(s)->io_timeout_s;
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
-}
 
 int http_secret_equal(const char *given, size_t given_len, const char *secret) {
     size_t n = strlen(secret);
@@ -252,6 +252,28 @@ int http_check_auth(const char *authorization, const char *api_key, oa_err *e) {
     while (*k == ' ') k++;
     if (!http_secret_equal(k, strlen(k), api_key))
         return oa_fail(e, 401, "invalid_api_key", NULL, "Incorrect API key provided.");
+    return 0;
+}
+
+int http_framing_check(const char *const *cl, int n_cl, const char *te, oa_err *e) {
+    if (te && n_cl > 0)
+        return oa_fail(e, 400, "invalid_framing", "Transfer-Encoding",
+                       "The request has both Transfer-Encoding and Content-Length; send one "
+                       "(RFC 9112 6.3).");
+    if (n_cl > 1)
+        return oa_fail(e, 400, "invalid_framing", "Content-Length",
+                       "The request has %d Content-Length headers; send exactly one.", n_cl);
+    if (n_cl == 1) {
+        const char *v = cl[0];
+        size_t i = 0;
+        while (v[i] >= '0' && v[i] <= '9') i++;
+        if (i == 0 || v[i] != 0 || i > 19)
+            return oa_fail(e, 400, "invalid_framing", "Content-Length",
+                           "Content-Length must be a decimal number of at most 19 digits.");
+    }
+    if (te && strcasecmp(te, "chunked") != 0)
+        return oa_fail(e, 400, "invalid_framing", "Transfer-Encoding",
+                       "Transfer-Encoding '%.64s' is not supported; only 'chunked' is.", te);
     return 0;
 }
 

@@ -41,6 +41,7 @@ enum MHD_Result metrics_send(http_req *r) {
     char *b = NULL;
     size_t n = 0, c = 0;
     srv_requests_metrics(r->srv, &b, &n, &c);
+    srv_conns_metrics(r->srv, &b, &n, &c);
     en_engine *e = NULL;
     if (srv_get_engine(r->srv, &e, NULL)) {
         en_engine_stats st;

@@ -66,7 +66,6 @@ static int wait_one(http_req *r, emb_job *job, size_t i, oa_err *e) {
             in->req = NULL;
             return 0;
         }
-        http_touch(r->srv, r->conn);
         if (srv_stopping(r->srv)) {
             oa_fail(e, 503, NULL, NULL, "The server shut down before the answer was complete.");
             return -1;

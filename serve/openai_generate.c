@@ -2,10 +2,14 @@
  * openai_generate.c - POST /v1/chat/completions and POST /v1/completions:
  * read and check the request (generate_request.c: OpenAI's fields, each
  * error naming its field, and the prompt rendered and tokenized), submit
- * one engine request per choice (n), then either wait for them in the
- * connection's thread and answer one JSON object, or stream Server-Sent
- * Events from MHD's content reader. Both ways watch the client's socket while waiting and cancel the
- * engine requests when it hangs up, so its KV blocks come back at once.
+ * one engine request per choice (n) on an offload thread (http_wait.c),
+ * then, on the connection's event thread, either collect their events and
+ * answer one JSON object, or stream Server-Sent Events from MHD's content
+ * reader. Neither blocks: with no event ready the connection parks and the
+ * engine's notification (en_request_set_notify) resumes it. Both ways
+ * watch the client's socket (on every wake, at least each HTTP_TICK_S)
+ * and cancel the engine requests when it hangs up, so its KV blocks come
+ * back at once.
  *
  * response_format (response_format.c) constrains the answer to a grammar;
  * tools (tools.c) are rendered into the prompt and read back from answers
@@ -24,7 +28,7 @@
 #include "http_impl.h"
 #include "tools.h"
 
-#define WAIT_S 0.05 /* longest wait on the engine between hang-up checks */
+#define WAIT_S 0.05 /* least time between two checks of the client's socket */
 
 typedef struct choice {
     en_request *req;
@@ -72,6 +76,8 @@ typedef struct gen {
     int rr;    /* round-robin start over choices */
     int aborted;
     double last_check; /* when the client's socket was last checked */
+    http_waiter wait;  /* parks the connection until an engine event */
+    int waiting;       /* wait is initialised */
     /* the log line of a streamed request (its http_req is gone by then) */
     http_route route;
     char req_id[32], method[16], path[128];
@@ -382,39 +388,29 @@ static void cancel_all(gen *g) {
         if (g->ch[i].req) en_request_cancel(g->ch[i].req);
 }
 
-/* Wait for the next event of any running choice. Returns 1 with *which and
- * *ev set, 0 when the client hung up or the server stopped (everything is
- * cancelled then). */
+/* The next event of any running choice, without waiting. Returns 1 with
+ * *which and *ev set, -1 when none is ready (park and look again), 0 when
+ * the client hung up or the server stops (everything is cancelled then). */
 static int next_event(gen *g, int *which, en_gen_event *ev) {
-    for (;;) {
-        /* Check the client every WAIT_S whether or not events flow: a
-         * fast model never leaves the waits below empty-handed. */
-        double now = en_time_now();
-        if (now - g->last_check >= WAIT_S) {
-            g->last_check = now;
-            if (http_client_gone(g->conn) || srv_stopping(g->srv)) {
-                cancel_all(g);
-                g->aborted = 1;
-                return 0;
-            }
+    double now = en_time_now();
+    if (now - g->last_check >= WAIT_S) {
+        g->last_check = now;
+        if (http_client_gone(g->conn) || srv_stopping(g->srv)) {
+            cancel_all(g);
+            g->aborted = 1;
+            return 0;
         }
-        int first = -1;
-        for (int k = 0; k < g->n; k++) {
-            int i = (g->rr + k) % g->n;
-            if (g->ch[i].done) continue;
-            if (first < 0) first = i;
-            if (en_request_next(g->ch[i].req, ev, 0)) {
-                g->rr = i + 1;
-                *which = i;
-                return 1;
-            }
-        }
-        if (first < 0) return 0; /* cannot happen: callers check for a running choice */
-        if (en_request_next(g->ch[first].req, ev, WAIT_S)) {
-            *which = first;
+    }
+    for (int k = 0; k < g->n; k++) {
+        int i = (g->rr + k) % g->n;
+        if (g->ch[i].done) continue;
+        if (en_request_next(g->ch[i].req, ev, 0)) {
+            g->rr = i + 1;
+            *which = i;
             return 1;
         }
     }
+    return -1;
 }
 
 static int all_done(const gen *g) {
@@ -423,7 +419,8 @@ static int all_done(const gen *g) {
     return 1;
 }
 
-/* Put at least one byte into g->out, or return 0 to end the stream. */
+/* Put at least one byte into g->out: 1, or 0 to end the stream, or -1
+ * when nothing is ready yet. */
 static int stream_fill(gen *g) {
     if (g->phase == PHASE_START) {
         g->phase = PHASE_RUN;
@@ -438,7 +435,8 @@ static int stream_fill(gen *g) {
     while (!all_done(g)) {
         int i;
         en_gen_event ev;
-        if (!next_event(g, &i, &ev)) return 0;
+        int rc = next_event(g, &i, &ev);
+        if (rc <= 0) return rc;
         if (!emit_event(g, i, &ev)) return 0;
         if (g->out_len) return 1;
     }
@@ -453,6 +451,9 @@ static int stream_fill(gen *g) {
     return 1;
 }
 
+/* MHD's content reader, on the connection's event thread: hands out what
+ * is ready, or parks the connection and returns 0 bytes (MHD calls again
+ * once an engine event resumes it). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen *g = cls;
@@ -463,17 +464,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, g->out + g->out_pos, n);
             g->out_pos += n;
             if (g->out_pos == g->out_len) g->out_pos = g->out_len = 0;
-            /* The wait for this chunk may have been long: not idleness. */
-            http_touch(g->srv, g->conn);
             return (ssize_t)n;
         }
         if (g->phase == PHASE_END) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (!stream_fill(g)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        http_waiter_begin(&g->wait);
+        int rc = stream_fill(g);
+        if (rc == 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (rc < 0 && http_waiter_park(&g->wait)) return 0;
     }
 }
 
 /* Release the engine requests (cancelling what still runs) and free g. */
 static void gen_destroy(gen *g) {
+    /* first no more wakes from the engine, then no more from the watchdog */
+    for (int i = 0; i < g->n; i++)
+        if (g->ch[i].req) en_request_set_notify(g->ch[i].req, NULL, NULL);
+    if (g->waiting) http_waiter_deinit(&g->wait);
     for (int i = 0; i < g->n; i++) {
         if (g->ch[i].req) en_request_release(g->ch[i].req);
         en_free(g->ch[i].text);
@@ -526,46 +532,32 @@ static int submit_error(const en_err *err, int chat, oa_err *e) {
     }
 }
 
-/* The requests are queued: stream them from MHD's content reader, or wait
- * here, in the connection's own thread, and answer one object. Owns g. */
-static enum MHD_Result respond(http_req *r, gen *g) {
-    oa_err e = {0};
-    if (g->stream) {
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g,
-                                              stream_free);
-        if (!resp) {
-            oa_fail(&e, 500, NULL, NULL, "out of memory");
-            goto fail;
-        }
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        http_add_common_headers(r, resp);
-        /* From here the stream owns g and writes the log line. */
-        r->streamed = 1;
-        r->status = 200;
-        enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
-        MHD_destroy_response(resp);
-        return ret;
-    }
+static void gen_destroy_cb(void *g) { gen_destroy(g); }
 
-    /* Not streamed: wait here, in this connection's own thread. */
-    for (int i = 0; i < g->n && g->echo; i++)
-        if (!buf_append(&g->ch[i].text, &g->ch[i].len, &g->ch[i].cap, g->echo, g->echo_len)) {
-            oa_fail(&e, 500, NULL, NULL, "out of memory");
-            goto fail;
-        }
+/* The non-streamed answer, on the connection's event thread (r->cont):
+ * collect what the engine has, park until it has more, answer at the end. */
+static enum MHD_Result collect_answer(http_req *r) {
+    gen *g = r->cont_arg;
+    oa_err e = {0};
     while (!all_done(g)) {
         int i;
         en_gen_event ev;
-        if (!next_event(g, &i, &ev)) break;
+        http_waiter_begin(&g->wait);
+        int rc = next_event(g, &i, &ev);
+        if (rc < 0) {
+            if (http_waiter_park(&g->wait)) return MHD_YES;
+            continue;
+        }
+        if (rc == 0) break;
         if (!collect(g, i, &ev)) {
             cancel_all(g);
             oa_fail(&e, 500, NULL, NULL, "out of memory");
             goto fail;
         }
     }
+    r->cont = NULL; /* from here r no longer holds g */
+    r->cont_arg = NULL;
+    r->cont_free = NULL;
     if (g->aborted) {
         int comp = 0;
         for (int i = 0; i < g->n; i++) comp += g->ch[i].n_tokens;
@@ -585,6 +577,48 @@ static enum MHD_Result respond(http_req *r, gen *g) {
     r->completion_tokens = (int)json_integer_value(json_object_get(u, "completion_tokens"));
     gen_destroy(g);
     return http_send_json(r, 200, ans);
+
+fail:
+    r->cont = NULL;
+    r->cont_arg = NULL;
+    r->cont_free = NULL;
+    gen_destroy(g);
+    return http_send_error(r, &e);
+}
+
+/* The requests are queued (on the offload thread): hand MHD a content
+ * reader that streams them, or leave the collecting to the connection's
+ * event thread (collect_answer). Owns g. */
+static enum MHD_Result respond(http_req *r, gen *g) {
+    oa_err e = {0};
+    http_waiter_init(&g->wait, r->srv, r->conn);
+    g->waiting = 1;
+    for (int i = 0; i < g->n; i++) en_request_set_notify(g->ch[i].req, http_waiter_wake_cb, &g->wait);
+    if (g->stream) {
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g,
+                                              stream_free);
+        if (!resp) {
+            oa_fail(&e, 500, NULL, NULL, "out of memory");
+            goto fail;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        http_add_common_headers(r, resp);
+        /* From here the stream owns g and writes the log line. */
+        r->streamed = 1;
+        return http_queue(r, 200, resp);
+    }
+    for (int i = 0; i < g->n && g->echo; i++)
+        if (!buf_append(&g->ch[i].text, &g->ch[i].len, &g->ch[i].cap, g->echo, g->echo_len)) {
+            oa_fail(&e, 500, NULL, NULL, "out of memory");
+            goto fail;
+        }
+    r->cont = collect_answer;
+    r->cont_arg = g;
+    r->cont_free = gen_destroy_cb;
+    return MHD_YES;
 
 fail:
     gen_destroy(g);

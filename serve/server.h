@@ -1,6 +1,6 @@
 /*
  * server.h - the OpenAI-compatible HTTP front end of the serving engine
- * (libmicrohttpd, one thread per connection; JSON through jansson).
+ * (libmicrohttpd's epoll thread pool; JSON through jansson).
  *
  * Endpoints: POST /v1/chat/completions, POST /v1/completions (both with
  * "stream": Server-Sent Events), POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics
@@ -24,8 +24,14 @@ typedef struct en_server_config {
     const char *api_key;    /* NULL or "": no authentication */
     const char *model_name; /* the id /v1/models lists and requests may name */
     size_t max_body_bytes;  /* request bodies over this get 413 (default 1 MiB) */
-    int io_timeout_s;       /* idle connection / half-sent request timeout (default 30) */
-    int max_connections;    /* default 512 */
+    int io_timeout_s;       /* idle connection timeout: no byte either way (default 30) */
+    /* total deadline for receiving a request's head and body, from the
+     * moment the connection is ready for it (default 30); a client still
+     * sending then is cut */
+    int request_timeout_s;
+    int max_connections;    /* open at once, 1..65536 (default 4096) */
+    int max_client_connections; /* per client address (0, the default: no cap) */
+    int http_threads;       /* event threads (0, the default: one per core, 2..8) */
     int log_requests;       /* one line per request on stderr (default 1) */
     int embedding_pooling;  /* /v1/embeddings: EN_EMBED_MEAN (default) or EN_EMBED_LAST */
     /* LoRA adapters served beside the base by name (a request's "model"
