@@ -95,9 +95,12 @@ typedef struct http_waiter {
     int listed;    /* in the server's list of waiters (under the list's lock) */
     struct http_waiter *prev, *next;
 } http_waiter;
-/* init registers w with the server's watchdog; deinit unregisters it and
- * waits out a wake under way (never call it while w is parked). */
-void http_waiter_init(http_waiter *w, en_server *s, struct MHD_Connection *conn);
+/* init registers w with the server's watchdog when `watched` (its wakes
+ * are how a parked request notices a hang-up; a resumed connection may then
+ * be closed by MHD, so a waiter whose state another thread still uses, an
+ * offload's, is not watched); deinit unregisters it and waits out a wake
+ * under way (never call it while w is parked). */
+void http_waiter_init(http_waiter *w, en_server *s, struct MHD_Connection *conn, int watched);
 void http_waiter_deinit(http_waiter *w);
 /* Before looking for work: forget earlier wakes. */
 void http_waiter_begin(http_waiter *w);

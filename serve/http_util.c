@@ -112,8 +112,7 @@ enum MHD_Result http_queue(http_req *r, int status, struct MHD_Response *resp) {
          * thread of the connection, which queues this when it resumes. */
         if (r->captured) MHD_destroy_response(r->captured);
         r->captured = resp;
-        r->captured_status = status;
-        r->status = status;
+        r->captured_status = status; /* r->status once it is queued */
         return MHD_YES;
     }
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);

@@ -24,12 +24,12 @@
 
 #include "http_impl.h"
 
-void http_waiter_init(http_waiter *w, en_server *s, struct MHD_Connection *conn) {
+void http_waiter_init(http_waiter *w, en_server *s, struct MHD_Connection *conn, int watched) {
     memset(w, 0, sizeof *w);
     pthread_mutex_init(&w->mu, NULL);
     w->conn = conn;
     w->srv = s;
-    srv_waiter_add(s, w);
+    if (watched) srv_waiter_add(s, w);
 }
 
 void http_waiter_deinit(http_waiter *w) {
@@ -89,7 +89,10 @@ static void *work_main(void *arg) {
 
 static void ensure_waiter(http_req *r) {
     if (r->waiting) return;
-    http_waiter_init(&r->wait, r->srv, r->conn);
+    /* Not watched: while the offload thread holds r, only its own wake may
+     * resume the connection (a resumed connection whose client left is
+     * closed by MHD, and r with it). */
+    http_waiter_init(&r->wait, r->srv, r->conn, 0);
     r->waiting = 1;
 }
 
@@ -132,6 +135,7 @@ static enum MHD_Result work_done(http_req *r) {
         r->captured = NULL;
         enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)r->captured_status, resp);
         MHD_destroy_response(resp);
+        if (ret == MHD_YES) r->status = r->captured_status;
         return ret;
     }
     if (r->cont) return r->cont(r);

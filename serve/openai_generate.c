@@ -591,7 +591,7 @@ fail:
  * event thread (collect_answer). Owns g. */
 static enum MHD_Result respond(http_req *r, gen *g) {
     oa_err e = {0};
-    http_waiter_init(&g->wait, r->srv, r->conn);
+    http_waiter_init(&g->wait, r->srv, r->conn, 1);
     g->waiting = 1;
     for (int i = 0; i < g->n; i++) en_request_set_notify(g->ch[i].req, http_waiter_wake_cb, &g->wait);
     if (g->stream) {

@@ -26,6 +26,9 @@
 #                queue: slow readers, clients gone mid-head / mid-body /
 #                after a chunk, a burst over the queue (429s): every request
 #                answered or abandoned, none lost, fds and memory flat (issue 17)
+#   slowclients  2000 connections dripping a head byte every 2 s on a server
+#                of its own: /health and a completion within 1 s throughout,
+#                each dripper cut at --request-timeout (issue 31)
 #   response_format  json_object answers are JSON objects (or prefixes when cut),
 #                a grammar through extra_body matches its pattern (issue 16)
 #   schema_load  200 json_schema requests (10 schemas) with 8 plain ones in one
@@ -161,7 +164,7 @@ hfail() {
 }
 # EN_SERVE_TESTS="soak sigterm" runs a subset (sigterm last: it stops the server)
 DEFAULT_SCRIPTS="api_openai bad_input concurrency prefix_cache embeddings adapters"
-DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect load256"
+DEFAULT_SCRIPTS+=" finetuned_adapters retrieve disconnect load256 slowclients"
 DEFAULT_SCRIPTS+=" chat_page response_format schema_load tools"
 DEFAULT_SCRIPTS+=" chat_cli soak sigterm"
 SCRIPTS=${EN_SERVE_TESTS:-$DEFAULT_SCRIPTS}

@@ -185,6 +185,51 @@ check(status == "413" and shape is None, "10 MB body: 413 with an error body",
       f"{status} after {sent / 1e6:.1f} MB sent, {'OpenAI error body' if shape is None else shape}: "
       f"{short(body, 100)}")
 
+# ---- request smuggling (issue 31, finding 6): framing that two parsers could
+# read two ways gets 400 invalid_framing and the connection is closed, so the
+# bytes after it (here a pipelined GET /health) are never read as a request.
+def framing_case(headers):
+    host, port = split_url(URL)
+    body = json.dumps(chat_body()).encode()
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    payload = (f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n" +
+               "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode()
+    payload += chunked if any(k == "Transfer-Encoding" for k, _ in headers) else body
+    payload += f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    s = socket.create_connection((host, port), timeout=30)
+    s.sendall(payload)
+    return read_until_closed(s, 10 * SLOW)
+
+
+body_len = len(json.dumps(chat_body()).encode())
+# (the last: libmicrohttpd refuses a Content-Length that is not a number
+# itself, with a 400 page of its own, and closes too)
+for what, headers, ours in [
+        ("Content-Length and Transfer-Encoding", [("Content-Length", body_len),
+                                                   ("Transfer-Encoding", "chunked")], True),
+        ("two equal Content-Lengths", [("Content-Length", body_len), ("Content-Length", body_len)], True),
+        ("two different Content-Lengths", [("Content-Length", body_len), ("Content-Length", 3)], True),
+        ("Transfer-Encoding gzip, chunked", [("Transfer-Encoding", "gzip, chunked")], True),
+        ("Content-Length +N", [("Content-Length", f"+{body_len}")], False)]:
+    t0 = time.time()
+    resp = framing_case(headers)
+    dt = time.time() - t0
+    status = resp.split(b" ")[1].decode() if resp.startswith(b"HTTP/") else "none"
+    head, _, rest = resp.partition(b"\r\n\r\n")
+    js = None
+    if ours:
+        try:
+            js = json.loads(rest)
+        except ValueError:
+            js = None
+    shape = error_shape(js) if ours else None
+    ok = (status == "400" and b" 200 " not in resp and b"connection: close" in head.lower()
+          and dt < 5 * SLOW)
+    if ours:
+        ok = ok and shape is None and js["error"]["code"] == "invalid_framing"
+    check(ok, f"{what}: 400{' invalid_framing' if ours else ''}, connection closed at once, "
+          "the pipelined request unread", f"{status} in {dt:.2f} s, {short(rest, 120)}")
+
 # ---- authentication (a second server with a key)
 KEY = "sk-energon-badinput"
 srv = Server("keyed-raw", "--api-key", KEY, "--model-name", MODEL)
@@ -193,6 +238,15 @@ try:
     expect("wrong key", 401, "POST", CHAT, chat_body(), headers={"Authorization": "Bearer nope"}, url=srv.url)
     expect("key without Bearer", 401, "POST", CHAT, chat_body(), headers={"Authorization": KEY}, url=srv.url)
     expect("missing key on /v1/models", 401, "GET", "/v1/models", url=srv.url)
+    # authenticate first (finding 9): an over-limit Content-Length without the
+    # key gets 401, so the limits are not told to strangers
+    host, port = split_url(srv.url)
+    s = socket.create_connection((host, port), timeout=30)
+    s.sendall((f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {10 * 1024 * 1024}\r\n\r\n").encode())
+    resp = read_until_closed(s, 10 * SLOW)
+    status = resp.split(b" ")[1].decode() if resp.startswith(b"HTTP/") else "none"
+    check(status == "401", "10 MB Content-Length without the key: 401 before 413", f"{status}")
     st, js, _ = http_json("POST", CHAT, REF_REQ, headers={"Authorization": f"Bearer {KEY}"}, url=srv.url)
     check(st == 200 and js["choices"][0]["message"]["content"] == ref_text, "right key: 200, same answer",
           f"{st}")
@@ -228,6 +282,38 @@ try:
     st, js, _ = http_json("POST", CHAT, REF_REQ, url=srv.url)
     check(st == 200 and js["choices"][0]["message"]["content"] == ref_text,
           "the --timeout server answers normally afterwards", f"{st}")
+finally:
+    srv.stop()
+
+# ---- a client that drips its head one byte at a time is cut at the total
+# deadline (--request-timeout 2), though it is never idle for --timeout 30
+srv = Server("request-timeout", "--request-timeout", "2", "--timeout", "30", "--model-name", MODEL)
+try:
+    host, port = split_url(srv.url)
+    s = socket.create_connection((host, port), timeout=30)
+    head = f"GET /health HTTP/1.1\r\nHost: {host}\r\nX-Drip: {'a' * 200}\r\n\r\n".encode()
+    t0 = time.time()
+    closed_at = None
+    for i in range(len(head)):
+        try:
+            s.sendall(head[i:i + 1])
+            r, _, _ = select.select([s], [], [], 0.25)
+            if r and not s.recv(4096):
+                closed_at = time.time() - t0
+                break
+        except OSError:
+            closed_at = time.time() - t0
+            break
+    s.close()
+    check(closed_at is not None and 1.8 <= closed_at <= 2 + 2 * SLOW,
+          "a client dripping its head a byte every 0.25 s is cut at --request-timeout 2",
+          f"closed after {closed_at if closed_at is None else round(closed_at, 2)} s")
+    st, _, data = http("GET", "/metrics", url=srv.url)
+    cut = [l for l in data.decode().splitlines() if l.startswith("energon_http_request_timeouts_total")]
+    check(cut and float(cut[0].split()[-1]) >= 1, "/metrics counts the cut connection", f"{cut}")
+    st, js, _ = http_json("POST", CHAT, REF_REQ, url=srv.url)
+    check(st == 200 and js["choices"][0]["message"]["content"] == ref_text,
+          "the --request-timeout server answers normally afterwards", f"{st}")
 finally:
     srv.stop()
 

@@ -41,6 +41,14 @@ try:
         if state.get("state") in ("done", "error"):
             break
         time.sleep(0.1)
+    # the API key stays with the tab (sessionStorage), never in localStorage
+    # (issue 31, finding 9): typed in, it is kept for this tab only
+    kexpr = ("(() => { const k = document.getElementById('key'); k.value = 'sk-page-test';"
+             " k.dispatchEvent(new Event('change'));"
+             " return JSON.stringify({local: localStorage.getItem('energon.apiKey'),"
+             " session: sessionStorage.getItem('energon.apiKey')}); })()")
+    r = b.send("Runtime.evaluate", {"expression": kexpr, "returnByValue": True}, session=sid)
+    key_store = json.loads(r.get("result", {}).get("value") or "{}")
     shot = b.send("Page.captureScreenshot", {"format": "png"}, session=sid)
     with open(os.path.join(TMP, "chat_page.png"), "wb") as f:
         f.write(base64.b64decode(shot["data"]))
@@ -57,6 +65,8 @@ try:
 finally:
     b.close()
 
+check(key_store.get("local") is None and key_store.get("session") == "sk-page-test",
+      "the page keeps the API key in sessionStorage (this tab), not localStorage", f"{key_store}")
 chunks = int(state.get("chunks") or 0)
 answer = state.get("answer")
 check(state.get("state") == "done", "chat page: the question was sent and the answer finished",
