@@ -3,10 +3,12 @@
  * request head (serve/http_util.c, the functions server.c calls before a
  * body arrives): the route of the path, the methods a route takes, the
  * Authorization header against the API key, Content-Length against the
- * body limit, the path as logged and the 404 / 405 / 401 error bodies.
- * The input is NUL-separated strings, as libmicrohttpd hands them over
- * (the path with %-escapes decoded, so any bytes but NUL):
+ * body limit, the request's framing (Content-Length / Transfer-Encoding,
+ * http_framing_check), the path as logged and the 404 / 405 / 401 / 400
+ * error bodies. The input is NUL-separated strings, as libmicrohttpd
+ * hands them over (the path with %-escapes decoded, so any bytes but NUL):
  *   URL \0 METHOD \0 AUTHORIZATION \0 CONTENT-LENGTH \0 API-KEY
+ *   \0 TRANSFER-ENCODING \0 SECOND-CONTENT-LENGTH
  * A missing header is absent (NULL); a missing or empty key is a fixed one.
  * Each answer is checked against a plain reimplementation: the route of a
  * path, 0 from the key check exactly for "Bearer KEY", the limit exactly
@@ -72,9 +74,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!buf) return 0;
     memcpy(buf, data, size);
     buf[size] = 0;
-    const char *f[5] = {NULL, NULL, NULL, NULL, NULL};
+    const char *f[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     size_t nf = 0;
-    for (size_t at = 0; nf < 5 && at <= size; at += strlen(buf + at) + 1)
+    for (size_t at = 0; nf < 7 && at <= size; at += strlen(buf + at) + 1)
         f[nf++] = buf + at;
     const char *url = f[0], *method = f[1] ? f[1] : "GET", *auth = f[2], *cl = f[3];
     const char *key = f[4] && *f[4] ? f[4] : "sk-fuzz-key";
@@ -136,6 +138,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (big != (v > limits[i])) abort();
         }
     }
+
+    /* framing: accepted exactly when at most one Content-Length of 1..19
+     * digits, and no Transfer-Encoding beside it, and that one "chunked" */
+    const char *te = f[5], *cls[2];
+    int n_cl = 0;
+    if (cl) cls[n_cl++] = cl;
+    if (f[6]) cls[n_cl++] = f[6];
+    memset(&e, 0, sizeof e);
+    int fr = http_framing_check(cls, n_cl, te, &e);
+    int digits_ok = 1;
+    if (n_cl == 1) {
+        size_t d = strspn(cls[0], "0123456789");
+        digits_ok = d > 0 && d <= 19 && cls[0][d] == 0;
+    }
+    int want_fr = n_cl <= 1 && !(te && n_cl) && digits_ok && (!te || strcasecmp(te, "chunked") == 0);
+    if ((fr == 0) != want_fr) abort();
+    if (fr) check_error(&e, 400);
     free(buf);
     return 0;
 }
