@@ -287,7 +287,8 @@ finally:
 
 # ---- a client that drips its head one byte at a time is cut at the total
 # deadline (--request-timeout 2), though it is never idle for --timeout 30
-srv = Server("request-timeout", "--request-timeout", "2", "--timeout", "30", "--model-name", MODEL)
+srv = Server("request-timeout", "--request-timeout", "2", "--timeout", "30", "--model-name", MODEL,
+             "--max-client-connections", "4")
 try:
     host, port = split_url(srv.url)
     s = socket.create_connection((host, port), timeout=30)
@@ -311,6 +312,20 @@ try:
     st, _, data = http("GET", "/metrics", url=srv.url)
     cut = [l for l in data.decode().splitlines() if l.startswith("energon_http_request_timeouts_total")]
     check(cut and float(cut[0].split()[-1]) >= 1, "/metrics counts the cut connection", f"{cut}")
+    # --max-client-connections 4: a fifth connection from this address is
+    # closed at once; once the four go, new ones are served
+    held = [socket.create_connection((host, port), timeout=10) for _ in range(4)]
+    time.sleep(0.2)
+    fifth = socket.create_connection((host, port), timeout=10)
+    fifth.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    t0 = time.time()
+    resp = read_until_closed(fifth, 5)
+    check(not resp.startswith(b"HTTP/1.1 200") and time.time() - t0 < 2,
+          "--max-client-connections 4: a fifth connection is refused at once",
+          f"{short(resp, 60)} after {time.time() - t0:.2f} s")
+    for h in held:
+        h.close()
+    time.sleep(0.3)
     st, js, _ = http_json("POST", CHAT, REF_REQ, url=srv.url)
     check(st == 200 and js["choices"][0]["message"]["content"] == ref_text,
           "the --request-timeout server answers normally afterwards", f"{st}")
