@@ -121,6 +121,9 @@ expect "convert junk checkpoint" 1 "$T/junk.bin" -- "$ENERGON" convert llama2c -
 expect "weights over the memory limit" 1 "the weights need 196.25 KiB as bf16 but only 1000 bytes" -- env EN_MEMORY_LIMIT=1000 "$ENERGON" generate --model "$M" --prompt hi
 expect "q4 weights over the limit" 1 "free memory or use a smaller model" -- env EN_MEMORY_LIMIT=1000 "$ENERGON" generate --model "$M" --prompt hi --weights q4
 expect "serve --omp-wait bad" 2 "--omp-wait: 'sometimes' is not auto, spin or passive" -- "$ENERGON" serve --model "$M" --omp-wait sometimes
+expect "serve --request-timeout 0" 2 "--request-timeout: 0 is out of range [1, 86400]" -- "$ENERGON" serve --model "$M" --request-timeout 0
+expect "serve --max-client-connections -1" 2 "--max-client-connections: -1 is out of range [1, 65536]" -- "$ENERGON" serve --model "$M" --max-client-connections -1
+expect "serve --http-threads 100" 2 "--http-threads: 100 is out of range [1, 64]" -- "$ENERGON" serve --model "$M" --http-threads 100
 expect "serve --index missing" 2 "--index: $T/none.db" -- "$ENERGON" serve --model "$M" --index "$T/none.db"
 printf 'not a database' >"$T/notindex.db"
 expect "serve --index not an index" 2 "--index: $T/notindex.db is not an energon index" -- "$ENERGON" serve --model "$M" --index "$T/notindex.db"

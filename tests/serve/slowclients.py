@@ -38,8 +38,10 @@ if soft < want:
     note(f"open-file limit {soft}: {soft - 256} slow clients instead of {N}")
     N = soft - 256
 
+# EN_SLOW_CLIENTS above 4000 needs a larger --max-connections: EN_SLOW_MAXCONN
+MAXCONN = os.environ.get("EN_SLOW_MAXCONN")
 srv = Server("slowclients", "--model-name", MODEL, "--request-timeout", f"{RT:g}", "--timeout", "30",
-             "--quiet")
+             "--quiet", *(["--max-connections", MAXCONN] if MAXCONN else []))
 URL = srv.url
 host, port = split_url(URL)
 HEAD = (f"GET /health HTTP/1.1\r\nHost: {host}\r\nX-Slow: " + "a" * 4000 + "\r\n\r\n").encode()
