@@ -1,8 +1,8 @@
 /*
  * adapters_request.c - the body of POST /v1/adapters read and checked
  * (adapters_request.h); http_adapters.c then resolves the path and loads
- * the adapter (or, with "dry_run", says whether it would). No HTTP here, so that tests/fuzz/fuzz_adapters_request.c
- * links it alone.
+ * the adapter (or, with "dry_run", says whether it would). No HTTP here,
+ * so that tests/fuzz/fuzz_adapters_request.c links it alone.
  */
 #include "adapters_request.h"
 
