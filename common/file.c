@@ -13,8 +13,12 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef __linux__
+#include <linux/openat2.h> /* struct open_how, RESOLVE_BENEATH (Linux 5.6) */
+#endif
 
 static int has_suffix(const char *s, const char *suf) {
     size_t n = strlen(s), m = strlen(suf);
@@ -107,22 +111,107 @@ en_status en_mmap_open(const char *path, en_mmap *m, en_err *err) {
     m->size = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return EN_ERR(err, EN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    en_status s = en_mmap_fd(fd, path, m, err);
+    close(fd);
+    return s;
+}
+
+en_status en_mmap_fd(int fd, const char *path, en_mmap *m, en_err *err) {
+    m->data = NULL;
+    m->size = 0;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return EN_ERR(err, EN_ERR_IO, "%s: not a regular file", path);
-    }
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            close(fd);
+        if (p == MAP_FAILED)
             return EN_ERR(err, EN_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
-        }
         m->data = p;
         m->size = (size_t)st.st_size;
     }
-    close(fd);
     return EN_OK;
+}
+
+en_status en_file_read_fd(int fd, const char *path, size_t max_bytes, char **data, size_t *len,
+                          en_err *err) {
+    *data = NULL;
+    *len = 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return EN_ERR(err, EN_ERR_IO, "%s: not a regular file", path);
+    /* The size is checked before anything is read or allocated: a sparse
+     * file of gigabytes costs nothing to make. */
+    if ((unsigned long long)st.st_size > (unsigned long long)max_bytes)
+        return EN_ERR(err, EN_ERR_FORMAT,
+                      "%s is %lld bytes, over the limit of %zu bytes (%.1f MiB) for this file",
+                      path, (long long)st.st_size, max_bytes, (double)max_bytes / (1 << 20));
+    size_t n = (size_t)st.st_size;
+    char *buf = en_malloc(n + 1);
+    if (!buf) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, n);
+    size_t got = 0;
+    while (got < n) { /* a regular file never answers EAGAIN; a short read means it shrank */
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            en_free(buf);
+            return EN_ERR(err, EN_ERR_IO, "%s: read failed%s%s", path, r ? ": " : " (truncated)",
+                          r ? strerror(errno) : "");
+        }
+        got += (size_t)r;
+    }
+    buf[n] = 0;
+    *data = buf;
+    *len = n;
+    return EN_OK;
+}
+
+/* The component walk of en_open_beneath where openat2 is missing (Linux
+ * before 5.6, or a seccomp filter that refuses it): one openat per
+ * component with O_NOFOLLOW, so every symbolic link is refused (ELOOP), and
+ * ".." is refused before the file system is asked (EXDEV). */
+static int open_beneath_walk(int root_fd, const char *rel, int flags) {
+    char buf[4096], *comp[512];
+    int n = 0;
+    if (snprintf(buf, sizeof buf, "%s", rel) >= (int)sizeof buf) return errno = ENAMETOOLONG, -1;
+    char *save = NULL;
+    for (char *c = strtok_r(buf, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+        if (strcmp(c, "..") == 0) return errno = EXDEV, -1;
+        if (strcmp(c, ".") == 0) continue;
+        if (n == (int)(sizeof comp / sizeof comp[0])) return errno = ENAMETOOLONG, -1;
+        comp[n++] = c;
+    }
+    if (n == 0) return openat(root_fd, ".", flags | O_CLOEXEC);
+    int dir = root_fd;
+    for (int i = 0; i < n; i++) {
+        const int last = i == n - 1;
+        int fd = openat(dir, comp[i], (last ? flags : O_PATH) | O_NOFOLLOW | O_CLOEXEC);
+        int e = errno;
+        struct stat st;
+        /* O_PATH | O_NOFOLLOW opens a link itself: fstat tells */
+        if (fd >= 0 && (last ? (flags & O_PATH) != 0 : 1)) {
+            if (fstat(fd, &st) != 0) e = errno, close(fd), fd = -1;
+            else if (S_ISLNK(st.st_mode)) e = ELOOP, close(fd), fd = -1;
+            else if (!last && !S_ISDIR(st.st_mode)) e = ENOTDIR, close(fd), fd = -1;
+        }
+        if (dir != root_fd) close(dir);
+        if (fd < 0) return errno = e, -1;
+        dir = fd;
+    }
+    return dir;
+}
+
+int en_open_beneath(int root_fd, const char *rel, int flags) {
+    if (rel[0] == '/') return errno = EXDEV, -1;
+    if (!rel[0]) rel = ".";
+#ifdef SYS_openat2
+    struct open_how how;
+    memset(&how, 0, sizeof how);
+    how.flags = (uint64_t)(flags | O_CLOEXEC);
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    long fd = syscall(SYS_openat2, root_fd, rel, &how, sizeof how);
+    if (fd >= 0 || (errno != ENOSYS && errno != EPERM)) return (int)fd;
+#endif
+    return open_beneath_walk(root_fd, rel, flags);
 }
 
 void en_mmap_close(en_mmap *m) {

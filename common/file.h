@@ -24,6 +24,28 @@ typedef struct en_mmap {
 /* Map `path`. An empty file maps to data NULL, size 0. */
 en_status en_mmap_open(const char *path, en_mmap *m, en_err *err);
 void en_mmap_close(en_mmap *m); /* safe on a zeroed or closed map */
+/* Map the file open on fd (borrowed; the map outlives it). EN_ERR_IO for a
+ * file that is not regular (checked with fstat on fd itself). */
+en_status en_mmap_fd(int fd, const char *path, en_mmap *m, en_err *err);
+
+/* Read the regular file open on fd (borrowed) whole, like
+ * en_file_read_all, when it holds at most max_bytes: the size is checked
+ * with fstat before anything is read or allocated. EN_ERR_IO (not a regular
+ * file, read error), EN_ERR_FORMAT naming the size and the limit. path
+ * names the file in messages. */
+en_status en_file_read_fd(int fd, const char *path, size_t max_bytes, char **data, size_t *len,
+                          en_err *err);
+
+/* open(2) of rel (relative; "" or "." is root_fd itself) beneath the
+ * directory root_fd, with flags (O_CLOEXEC added): symbolic links are
+ * followed only while they stay beneath it (openat2 RESOLVE_BENEATH), so
+ * that nothing outside is opened, stat'ed or told apart: an absolute rel, a
+ * ".." above root_fd or a link out fails with EXDEV whether or not its
+ * target exists. Where openat2 is missing, each component is opened with
+ * O_NOFOLLOW instead: every link then fails (ELOOP) and ".." is refused.
+ * Returns the descriptor, or -1 with errno. Thread-safe. Used by a server's
+ * --adapter-dir (serve/http_adapters.c, models/lora.c). */
+int en_open_beneath(int root_fd, const char *rel, int flags);
 
 /* Write `len` bytes to `path` atomically: `path.tmp.PID`, fsync, rename,
  * fsync of the directory. On failure the old file (if any) is untouched. */

@@ -114,10 +114,26 @@ static int cmp_by_offset(const void *a, const void *b) {
     return x->data < y->data ? -1 : x->data > y->data;
 }
 
+static en_status st_parse(const char *path, en_st_file *f, en_err *err);
+
 en_status en_st_open(const char *path, en_st_file *f, en_err *err) {
     memset(f, 0, sizeof *f);
     en_status s = en_mmap_open(path, &f->map, err);
     if (s != EN_OK) return s;
+    return st_parse(path, f, err);
+}
+
+en_status en_st_open_fd(int fd, const char *path, en_st_file *f, en_err *err) {
+    memset(f, 0, sizeof *f);
+    en_status s = en_mmap_fd(fd, path, &f->map, err);
+    if (s != EN_OK) return s;
+    return st_parse(path, f, err);
+}
+
+/* f->map holds the file: the header checked and indexed into f. On failure
+ * f is freed (its map closed). */
+static en_status st_parse(const char *path, en_st_file *f, en_err *err) {
+    en_status s;
     f->path = en_malloc(strlen(path) + 1);
     if (!f->path) {
         en_mmap_close(&f->map);

@@ -55,6 +55,11 @@ typedef struct en_st_file {
 
 /* Open and validate. On failure nothing needs closing. */
 en_status en_st_open(const char *path, en_st_file *f, en_err *err);
+/* The same for a file already open for reading (borrowed: fd stays the
+ * caller's, and may be closed once this returns); path names it in
+ * messages. Used where the caller must choose how the file is opened
+ * (models/lora.c under a server's --adapter-dir). */
+en_status en_st_open_fd(int fd, const char *path, en_st_file *f, en_err *err);
 void en_st_close(en_st_file *f);
 /* Borrowed pointer into f, or NULL. */
 const en_st_tensor *en_st_find(const en_st_file *f, const char *name);

@@ -5,8 +5,10 @@
  * (--device, --precision, --threads; one GPU per rank) and the
  * communicators (MPI under mpirun, NCCL over it on CUDA) come from
  * en_cli_runtime_create, shared with the other model commands. With
- * --serve-url, rank 0 hands the final LoRA adapter to a running `energon
- * serve` (serve_handoff.c) once the run has written it.
+ * --serve-url, the server is asked before training whether it would take
+ * the adapter (a dry run; a refusal exits 2 with its message), and rank 0
+ * hands the final LoRA adapter to it (serve_handoff.c) once the run has
+ * written it.
  */
 #include <errno.h>
 #include <limits.h>
@@ -88,7 +90,9 @@ static void usage(FILE *f) {
         "  --serve-url URL        when the run ends, load the adapter into the running\n"
         "                         `energon serve` at URL (e.g. http://127.0.0.1:8080) with\n"
         "                         POST /v1/adapters; RUN_DIR must lie inside its --adapter-dir.\n"
-        "                         A refusal exits 1 and leaves RUN_DIR as it is\n"
+        "                         The server is asked first whether it would take the name,\n"
+        "                         path and rank (a dry run): a refusal then exits 2 before\n"
+        "                         training; one at the end exits 1 and leaves RUN_DIR as it is\n"
         "  --serve-name NAME      the adapter's name there (default: the last part of RUN_DIR)\n"
         "  --api-key KEY          sent as 'Authorization: Bearer KEY'\n"
         "device:\n"
@@ -164,6 +168,67 @@ static int handoff_check(handoff_opts *h, const en_finetune_config *c, int resum
         return EN_EXIT_USAGE;
     }
     return handoff_name(h, c->run_dir);
+}
+
+/* run_dir as an absolute path without links, when it may not exist yet:
+ * the real path of its deepest existing ancestor, then the rest as
+ * written. 1, or 0 when it does not fit or no ancestor resolves. */
+static int planned_path(const char *run_dir, char *out, size_t cap) {
+    char abs[2 * PATH_MAX];
+    if (run_dir[0] == '/') {
+        snprintf(abs, sizeof abs, "%s", run_dir);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return 0;
+        snprintf(abs, sizeof abs, "%s/%s", cwd, run_dir);
+    }
+    size_t keep = strlen(abs);
+    while (keep > 1 && abs[keep - 1] == '/') abs[--keep] = 0;
+    char real[PATH_MAX];
+    for (;;) {
+        char c = abs[keep];
+        abs[keep] = 0;
+        int found = realpath(keep ? abs : "/", real) != NULL;
+        abs[keep] = c;
+        if (found) break;
+        if (keep == 0) return 0;
+        while (keep > 0 && abs[keep - 1] != '/') keep--; /* drop the last component */
+        while (keep > 0 && abs[keep - 1] == '/') keep--;
+    }
+    const char *rest = abs + keep;
+    while (*rest == '/') rest++;
+    int n = snprintf(out, cap, "%s%s%s", real, *rest && strcmp(real, "/") ? "/" : "", rest);
+    return n > 0 && (size_t)n < cap;
+}
+
+/* Before anything is trained: would the server take this run's adapter
+ * (its name, path and rank)? A refusal is EN_EXIT_USAGE with the server's
+ * message; a server that does not answer (it may start while the run
+ * trains) or predates dry runs only gets a note, and the run goes on.
+ * Under mpirun every rank asks (before MPI starts, so without a
+ * collective): they get the same answer and stop or go on together. */
+static int handoff_ask(const handoff_opts *h, const en_finetune_config *c) {
+    char path[PATH_MAX];
+    if (!planned_path(c->run_dir, path, sizeof path)) {
+        en_cli_error(CMD, "--serve-url: cannot make %s an absolute path", c->run_dir);
+        return EN_EXIT_USAGE;
+    }
+    en_serve_handoff_answer a;
+    if (en_serve_handoff_check(h->url, h->api_key, h->name, path, c->lora_rank, &a) == 0)
+        return EN_EXIT_OK;
+    if (a.reached && a.status != 200) {
+        en_cli_error(CMD, "--serve-url: the server would refuse the adapter (%ld%s%s): %s; "
+                          "nothing was trained", a.status, a.code[0] ? " " : "", a.code, a.msg);
+        return EN_EXIT_USAGE;
+    }
+    if (!a.reached)
+        fprintf(stderr, "energon %s: note: --serve-url: no answer yet from %s (%s); training "
+                        "anyway, the adapter is handed over when the run ends\n", CMD, a.url,
+                a.msg);
+    else
+        fprintf(stderr, "energon %s: note: --serve-url: %s: %s; training anyway\n", CMD, a.url,
+                a.msg);
+    return EN_EXIT_OK;
 }
 
 /* Hand the final adapter in run_dir to the server. Prints one line on
@@ -365,7 +430,8 @@ int en_cmd_finetune(int argc, char **argv) {
             return EN_EXIT_USAGE;
         }
     }
-    if ((rc = handoff_check(&ho, &c, resume != NULL)) != EN_EXIT_OK) {
+    if ((rc = handoff_check(&ho, &c, resume != NULL)) != EN_EXIT_OK ||
+        (ho.url && (rc = handoff_ask(&ho, &c)) != EN_EXIT_OK)) {
         if (keep) en_finetune_config_free(keep);
         return rc;
     }

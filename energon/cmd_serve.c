@@ -240,9 +240,13 @@ static int load_named(en_cli_model *cm, en_adapter_set *set, const char *const *
         char name[EN_ADAPTER_NAME_MAX];
         snprintf(name, sizeof name, "%.*s", (int)(eq - named[i]), named[i]);
         en_lora *l = NULL;
-        int rank = 0;
-        en_status st = en_lora_load_peft(cm->be, en_model_get_hparams(cm->model), eq + 1, &l,
-                                         &err);
+        int rank = 0, max_adapters;
+        /* --max-lora-rank goes into the load: refused before allocation */
+        en_lora_load_opts o = en_lora_load_opts_default();
+        en_adapter_set_limits(set, &max_adapters, &o.max_rank);
+        o.max_rank_flag = "--max-lora-rank";
+        en_status st = en_lora_load_peft_opts(cm->be, en_model_get_hparams(cm->model), eq + 1,
+                                              &o, &l, &err);
         if (st == EN_OK) {
             rank = en_lora_get_config(l)->rank;
             st = en_adapter_set_add(set, name, eq + 1, l, &err);

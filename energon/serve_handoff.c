@@ -29,10 +29,17 @@ static void copy_line(char *out, size_t cap, const char *s) {
 
 /* Read the answer body: the adapter on 200, else the OpenAI-style error
  * {"error": {"message", "type", "code"}} (or whatever text came). */
-static int read_answer(const en_sbuf *body, en_serve_handoff_answer *ans) {
+static int read_answer(const en_sbuf *body, int dry_run, en_serve_handoff_answer *ans) {
     json_t *j = body->len ? json_loads(body->p, 0, NULL) : NULL;
     int rc = 1;
-    if (ans->status == 200) {
+    if (ans->status == 200 && dry_run) {
+        if (json_is_true(json_object_get(j, "dry_run")))
+            rc = 0;
+        else /* a server from before dry runs may have loaded it */
+            copy_line(ans->msg, sizeof ans->msg,
+                      "the answer is not a dry run's (no \"dry_run\": true): the server may "
+                      "predate dry runs");
+    } else if (ans->status == 200) {
         json_t *rank = json_object_get(j, "rank");
         if (json_is_integer(rank)) {
             ans->rank = (int)json_integer_value(rank);
@@ -55,7 +62,8 @@ static int read_answer(const en_sbuf *body, en_serve_handoff_answer *ans) {
 }
 
 /* One POST on a fresh handle; fills ans. */
-static int post(const char *api_key, const char *body, en_serve_handoff_answer *ans) {
+static int post(const char *api_key, const char *body, int dry_run,
+                en_serve_handoff_answer *ans) {
     CURL *curl = curl_easy_init();
     struct curl_slist *hdr = en_http_json_headers(api_key);
     if (!curl || !hdr) {
@@ -75,7 +83,7 @@ static int post(const char *api_key, const char *body, en_serve_handoff_answer *
     if (cc == CURLE_OK && !rd.overflow) {
         ans->reached = 1;
         ans->status = rd.status;
-        rc = read_answer(&rd.body, ans);
+        rc = read_answer(&rd.body, dry_run, ans);
     } else if (rd.overflow) {
         snprintf(ans->msg, sizeof ans->msg, "the answer is over %zu MiB", EN_HTTP_MAX_LINE >> 20);
     } else {
@@ -87,8 +95,9 @@ static int post(const char *api_key, const char *body, en_serve_handoff_answer *
     return rc;
 }
 
-int en_serve_handoff(const char *url, const char *api_key, const char *name, const char *path,
-                     en_serve_handoff_answer *ans) {
+/* en_serve_handoff and en_serve_handoff_check: rank 0 is a real load. */
+static int handoff(const char *url, const char *api_key, const char *name, const char *path,
+                   int dry_rank, en_serve_handoff_answer *ans) {
     memset(ans, 0, sizeof *ans);
     char base[sizeof ans->url - 16];
     if (!en_serve_handoff_base(url, base, sizeof base)) {
@@ -98,7 +107,9 @@ int en_serve_handoff(const char *url, const char *api_key, const char *name, con
     }
     snprintf(ans->url, sizeof ans->url, "%s/v1/adapters", base);
     /* json_pack refuses strings that are not UTF-8 (a path may be bytes). */
-    json_t *req = json_pack("{s:s, s:s}", "name", name, "path", path);
+    json_t *req = dry_rank ? json_pack("{s:s, s:s, s:b, s:i}", "name", name, "path", path,
+                                       "dry_run", 1, "rank", dry_rank)
+                           : json_pack("{s:s, s:s}", "name", name, "path", path);
     if (!req) {
         copy_line(ans->msg, sizeof ans->msg, "the adapter name or path is not valid UTF-8");
         return 1;
@@ -113,9 +124,19 @@ int en_serve_handoff(const char *url, const char *api_key, const char *name, con
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         copy_line(ans->msg, sizeof ans->msg, "libcurl failed to initialise");
     } else {
-        rc = post(api_key, body, ans);
+        rc = post(api_key, body, dry_rank != 0, ans);
         curl_global_cleanup();
     }
     free(body); /* jansson's allocator */
     return rc;
+}
+
+int en_serve_handoff(const char *url, const char *api_key, const char *name, const char *path,
+                     en_serve_handoff_answer *ans) {
+    return handoff(url, api_key, name, path, 0, ans);
+}
+
+int en_serve_handoff_check(const char *url, const char *api_key, const char *name,
+                           const char *path, int rank, en_serve_handoff_answer *ans) {
+    return handoff(url, api_key, name, path, rank < 1 ? 1 : rank, ans);
 }

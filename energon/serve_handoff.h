@@ -4,9 +4,11 @@
  * serve/http_adapters.c) so that it serves the adapter by name without a
  * restart.
  *
- * Left out: retries, and checking the server before training (it may start
- * while the run trains); the caller decides what a failure means. Used by
- * energon/cmd_finetune.c.
+ * Before training, en_serve_handoff_check asks the server whether it would
+ * take the run's name, path and rank (a dry run: nothing is loaded), so
+ * that a refusal costs no training. Left out: retries; the caller decides
+ * what a failure means (a server that is not up yet may start while the run
+ * trains). Used by energon/cmd_finetune.c.
  */
 #ifndef EN_SERVE_HANDOFF_H
 #define EN_SERVE_HANDOFF_H
@@ -44,5 +46,14 @@ int en_serve_handoff_base(const char *url, char *out, size_t cap);
  * it must not run beside other libcurl users. */
 int en_serve_handoff(const char *url, const char *api_key, const char *name, const char *path,
                      en_serve_handoff_answer *ans);
+
+/* The same POST with "dry_run": true and "rank": rank (>= 1): the server
+ * answers 200 or the 4xx a load would get now (serve/http_adapters.c), and
+ * loads nothing; path need not exist yet. Returns 0 on a dry run's 200
+ * ({"dry_run": true}), else 1 with ans as for en_serve_handoff (a 200
+ * without "dry_run": a server from before dry runs). Same limits and
+ * libcurl rule. */
+int en_serve_handoff_check(const char *url, const char *api_key, const char *name,
+                           const char *path, int rank, en_serve_handoff_answer *ans);
 
 #endif

@@ -4,10 +4,13 @@
  */
 #include "lora.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/file.h"
 #include "../common/rng.h"
@@ -72,6 +75,26 @@ static en_status chosen_modules(const en_model_hparams *hp, unsigned targets,
     return EN_OK;
 }
 
+/* In features of module md and its out features summed over its members
+ * (a fused module's members are stacked in one lora_B). */
+static void module_dims(const en_model_hparams *hp, const en_lora_module *md, int *in,
+                        int *o_all) {
+    *o_all = 0;
+    for (int k = 0; k < md->n_targets; k++) {
+        int o;
+        target_dims(hp, md->target + k, in, &o);
+        *o_all += o;
+    }
+}
+
+/* PEFT's saved name of module md's lora_A or lora_B ("lora_A") in layer. */
+static void tensor_name(char *buf, size_t cap, const char *prefix, int layer,
+                        const en_lora_module *md, const char *which) {
+    char mod[64];
+    snprintf(mod, sizeof mod, prefix, layer);
+    snprintf(buf, cap, "base_model.model.%.50s%.40s.%s.weight", mod, md->path, which);
+}
+
 en_status en_lora_create(en_backend *be, const en_model_hparams *hp, const en_lora_config *cfg,
                          en_lora **out, en_err *err) {
     *out = NULL;
@@ -120,18 +143,14 @@ en_status en_lora_create(en_backend *be, const en_model_hparams *hp, const en_lo
                     o_all += o;
                 }
                 if (pass) {
-                    char mod[64];
-                    snprintf(mod, sizeof mod, prefix, layer);
                     lora_tensor *ta = &l->tensors[l->n_tensors++];
-                    snprintf(ta->name, sizeof ta->name, "base_model.model.%.50s%.40s.lora_A.weight", mod,
-                             md->path);
+                    tensor_name(ta->name, sizeof ta->name, prefix, layer, md, "lora_A");
                     ta->data = l->data + off;
                     ta->shape[0] = cfg->rank;
                     ta->shape[1] = in;
                     ta->target = md->target;
                     lora_tensor *tb = &l->tensors[l->n_tensors++];
-                    snprintf(tb->name, sizeof tb->name, "base_model.model.%.50s%.40s.lora_B.weight", mod,
-                             md->path);
+                    tensor_name(tb->name, sizeof tb->name, prefix, layer, md, "lora_B");
                     tb->data = l->data + off + r * (size_t)in;
                     tb->shape[0] = o_all;
                     tb->shape[1] = cfg->rank;
@@ -266,85 +285,167 @@ done:
     return s;
 }
 
-/* A tensor whose shape is not the one this base and the config's r give:
- * a rank other than r (lora_A is [r, in], lora_B [out, r]) when the other
- * dimension fits, else an adapter made for another base model. */
-static en_status shape_error(const char *path, const lora_tensor *lt, const en_st_tensor *x,
-                             int rank, const en_model_hparams *hp, en_err *err) {
-    const int rd = strstr(lt->name, "lora_A") ? 0 : 1; /* the rank's dimension */
-    const long long d0 = x->shape[0], d1 = x->n_dims > 1 ? x->shape[1] : 0;
-    if (x->n_dims == 2 && x->shape[1 - rd] == lt->shape[1 - rd])
+/* A tensor whose shape is not want (the one this base and the config's r
+ * give): a rank other than r (lora_A is [r, in], lora_B [out, r]) when the
+ * other dimension fits, else an adapter made for another base model. */
+static en_status shape_error(const char *path, const char *name, const int64_t want[2],
+                             const en_st_tensor *x, int rank, const en_model_hparams *hp,
+                             en_err *err) {
+    const int rd = strstr(name, "lora_A") ? 0 : 1; /* the rank's dimension */
+    const long long d0 = x->n_dims > 0 ? x->shape[0] : 0, d1 = x->n_dims > 1 ? x->shape[1] : 0;
+    if (x->n_dims == 2 && x->shape[1 - rd] == want[1 - rd])
         return EN_ERR(err, EN_ERR_FORMAT,
                       "%s: tensor '%s' is [%lld, %lld]: rank %lld, but adapter_config.json "
                       "says r = %d",
-                      path, lt->name, d0, d1, rd ? d1 : d0, rank);
+                      path, name, d0, d1, rd ? d1 : d0, rank);
     return EN_ERR(err, EN_ERR_FORMAT,
                   "%s: tensor '%s' is [%lld, %lld] where this base model needs [%lld, %lld]: "
                   "the adapter was made for another base model (this one: hidden size %d)",
-                  path, lt->name, d0, d1, (long long)lt->shape[0], (long long)lt->shape[1],
-                  hp->n_embd);
+                  path, name, d0, d1, (long long)want[0], (long long)want[1], hp->n_embd);
+}
+
+/* Every tensor cfg gives a model of hp, looked up in st before anything
+ * is allocated for the adapter: present, [r, in] or [out, r], and of a
+ * dtype en_st_to_f32 converts. sp names the file in messages. */
+static en_status check_tensors(const en_st_file *st, const char *sp, const en_model_hparams *hp,
+                               const en_lora_config *cfg, en_err *err) {
+    const en_lora_module *mods;
+    const char *prefix;
+    EN_TRY(chosen_modules(hp, cfg->targets, &mods, &prefix, err));
+    for (int layer = 0; layer < hp->n_layer; layer++)
+        for (const en_lora_module *md = mods; md->path; md++) {
+            if (!((cfg->targets >> md->target) & 1)) continue;
+            int in = 0, o_all = 0;
+            module_dims(hp, md, &in, &o_all);
+            for (int b = 0; b < 2; b++) {
+                char name[128];
+                tensor_name(name, sizeof name, prefix, layer, md, b ? "lora_B" : "lora_A");
+                const int64_t want[2] = {b ? o_all : cfg->rank, b ? cfg->rank : in};
+                const en_st_tensor *x = en_st_find(st, name);
+                /* PEFT also writes names without the ".weight" of the
+                 * adapter name ("...lora_A.default.weight" in memory); the
+                 * saved form is the one we write. */
+                if (!x) return EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing", sp, name);
+                if (x->n_dims != 2 || x->shape[0] != want[0] || x->shape[1] != want[1])
+                    return shape_error(sp, name, want, x, cfg->rank, hp, err);
+                if (x->dtype != EN_DTYPE_F32 && x->dtype != EN_DTYPE_F16 &&
+                    x->dtype != EN_DTYPE_BF16)
+                    return EN_ERR(err, EN_ERR_FORMAT,
+                                  "%s: tensor '%s' is %s; LoRA weights load from F32, F16 or "
+                                  "BF16",
+                                  sp, name, en_dtype_name(x->dtype));
+            }
+        }
+    return EN_OK;
+}
+
+en_lora_load_opts en_lora_load_opts_default(void) {
+    en_lora_load_opts o = {.max_rank = EN_LORA_RANK_MAX,
+                           .max_rank_flag = NULL,
+                           .max_config_bytes = EN_LORA_CONFIG_MAX_BYTES,
+                           .root_fd = -1,
+                           .shown = NULL};
+    return o;
+}
+
+/* Open one file of the adapter for reading. O_NONBLOCK: a FIFO or a device
+ * must not hold the caller (a server thread) in open(2); the readers then
+ * refuse anything but a regular file, by fstat on this descriptor. Under a
+ * root, nothing outside it is opened (en_open_beneath). shown names it. */
+static en_status open_file(const en_lora_load_opts *o, const char *path, const char *shown,
+                           int *fd, en_err *err) {
+    *fd = o->root_fd >= 0 ? en_open_beneath(o->root_fd, path, O_RDONLY | O_NONBLOCK)
+                          : open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (*fd >= 0) return EN_OK;
+    if (o->root_fd >= 0 && (errno == EXDEV || errno == ELOOP))
+        return EN_ERR(err, EN_ERR_IO,
+                      "%s: a symbolic link leading outside the adapter directory (not followed)",
+                      shown);
+    return EN_ERR(err, EN_ERR_IO, "%s: cannot open: %s", shown, strerror(errno));
 }
 
 en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const char *dir,
                             en_lora **out, en_err *err) {
+    return en_lora_load_peft_opts(be, hp, dir, NULL, out, err);
+}
+
+/* The steps of a load, in the order that keeps a refusal cheap: the
+ * config (size checked before it is read), the rank against the caller's
+ * limit, the safetensors header and every tensor's shape, and only then
+ * the adapter's allocation and the conversion of its weights. */
+en_status en_lora_load_peft_opts(en_backend *be, const en_model_hparams *hp, const char *dir,
+                                 const en_lora_load_opts *opts, en_lora **out, en_err *err) {
     *out = NULL;
+    const en_lora_load_opts def = en_lora_load_opts_default();
+    const en_lora_load_opts *o = opts ? opts : &def;
+    const char *shown = o->shown ? o->shown : dir;
     char *cp = en_path_join(dir, "adapter_config.json");
     char *sp = en_path_join(dir, "adapter_model.safetensors");
+    char *cps = en_path_join(shown, "adapter_config.json");
+    char *sps = en_path_join(shown, "adapter_model.safetensors");
     char *text = NULL;
     size_t len = 0;
+    int fd = -1, st_open = 0;
     en_st_file st;
-    int st_open = 0;
     en_lora *l = NULL;
     float *staging = NULL;
     en_status s;
-    if (!cp || !sp) {
+    if (!cp || !sp || !cps || !sps) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         goto done;
     }
-    s = en_file_read_all(cp, &text, &len, err);
+    if ((s = open_file(o, cp, cps, &fd, err)) != EN_OK) goto done;
+    s = en_file_read_fd(fd, cps, o->max_config_bytes, &text, &len, err);
+    close(fd);
+    fd = -1;
     if (s != EN_OK) goto done;
     en_lora_config cfg;
-    s = en_lora_config_parse(text, len, cp, hp, &cfg, err);
-    if (s != EN_OK) goto done;
-    s = en_lora_create(be, hp, &cfg, &l, err);
-    if (s != EN_OK) {
-        en_err_prefix(err, "%s", cp);
+    if ((s = en_lora_config_parse(text, len, cps, hp, &cfg, err)) != EN_OK) goto done;
+    if (cfg.rank > o->max_rank) {
+        s = EN_ERR(err, EN_ERR_ARG, "%s: LoRA rank r = %d is over %s %d", cps, cfg.rank,
+                   o->max_rank_flag ? o->max_rank_flag : "the largest rank allowed,",
+                   o->max_rank);
         goto done;
     }
-    s = en_st_open(sp, &st, err);
+    const en_lora_module *mods;
+    const char *prefix;
+    if ((s = chosen_modules(hp, cfg.targets, &mods, &prefix, err)) != EN_OK) {
+        en_err_prefix(err, "%s", cps); /* a module list this family cannot take */
+        goto done;
+    }
+    if ((s = open_file(o, sp, sps, &fd, err)) != EN_OK) goto done;
+    s = en_st_open_fd(fd, sps, &st, err);
+    close(fd);
+    fd = -1;
     if (s != EN_OK) goto done;
     st_open = 1;
+    if ((s = check_tensors(&st, sps, hp, &cfg, err)) != EN_OK) goto done;
+    if ((s = en_lora_create(be, hp, &cfg, &l, err)) != EN_OK) {
+        en_err_prefix(err, "%s", cps);
+        goto done;
+    }
     staging = en_malloc((l->n ? l->n : 1) * sizeof(float));
     if (!staging) {
         s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int t = 0; t < l->n_tensors; t++) {
-        lora_tensor *lt = &l->tensors[t];
-        const en_st_tensor *x = en_st_find(&st, lt->name);
-        if (!x) {
-            /* PEFT also writes names without the ".weight" of the adapter
-             * name ("...lora_A.default.weight" in memory); the saved form
-             * is the one we write. */
-            s = EN_ERR(err, EN_ERR_FORMAT, "%s: tensor '%s' is missing", sp, lt->name);
-            goto done;
-        }
-        if (x->n_dims != 2 || x->shape[0] != lt->shape[0] || x->shape[1] != lt->shape[1]) {
-            s = shape_error(sp, lt, x, l->cfg.rank, hp, err);
-            goto done;
-        }
-        s = en_st_to_f32(x, staging + (lt->data - l->data), err);
+    for (int t = 0; t < l->n_tensors; t++) { /* checked above: each is there, of its shape */
+        const lora_tensor *lt = &l->tensors[t];
+        s = en_st_to_f32(en_st_find(&st, lt->name), staging + (lt->data - l->data), err);
         if (s != EN_OK) goto done;
     }
     en_backend_upload(be, l->data, staging, l->n * sizeof(float));
     *out = l;
     l = NULL;
 done:
+    if (fd >= 0) close(fd);
     en_free(staging);
     if (st_open) en_st_close(&st);
     en_free(text);
     en_free(cp);
     en_free(sp);
+    en_free(cps);
+    en_free(sps);
     en_lora_destroy(l);
     return s;
 }

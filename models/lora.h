@@ -89,11 +89,43 @@ en_status en_lora_save_peft(const en_lora *l, const char *base_model_dir, const 
  * messages only. *cfg is zeroed on failure. Pure (lora_config.c). */
 en_status en_lora_config_parse(const char *json, size_t len, const char *path,
                                const en_model_hparams *hp, en_lora_config *cfg, en_err *err);
-/* Load a PEFT adapter directory for a model with these hyper-parameters:
- * its adapter_config.json through en_lora_config_parse, then checks that
- * fused modules are adapted whole and every tensor's shape. */
+/* Load a PEFT adapter directory for a model with these hyper-parameters
+ * (en_lora_load_peft_opts with the defaults below). */
 en_status en_lora_load_peft(en_backend *be, const en_model_hparams *hp, const char *dir,
                             en_lora **out, en_err *err);
+
+#define EN_LORA_CONFIG_MAX_BYTES (1u << 20) /* adapter_config.json; PEFT's are ~1 KiB */
+
+/* The caller's limits on a load, all checked before the adapter's weights
+ * are allocated (a server's --max-lora-rank and --adapter-dir). */
+typedef struct en_lora_load_opts {
+    int max_rank;              /* a larger r is refused once the config is read */
+    const char *max_rank_flag; /* how messages name that limit ("--max-lora-rank"); NULL: plain */
+    size_t max_config_bytes;   /* a larger adapter_config.json is refused unread */
+    int root_fd;               /* >= 0: dir is relative to this directory and every file is
+                                * opened beneath it (en_open_beneath: nothing outside, no
+                                * link out); -1: dir is a plain path and links are followed
+                                * (Hugging Face cache snapshots are links) */
+    const char *shown;         /* dir as messages name it; NULL: dir itself */
+} en_lora_load_opts;
+/* max_rank EN_LORA_RANK_MAX, max_config_bytes EN_LORA_CONFIG_MAX_BYTES, root_fd -1. */
+en_lora_load_opts en_lora_load_opts_default(void);
+
+/* Load the PEFT adapter in dir for a model with these hyper-parameters,
+ * in the order that keeps a refusal cheap: adapter_config.json (its size
+ * checked by fstat before it is read) through en_lora_config_parse; its r
+ * against o->max_rank; adapter_model.safetensors's header, where every
+ * tensor the config implies must be present with its shape and a float
+ * dtype; only then the allocation (en_lora_create) and the weights. Both
+ * files are opened non-blocking and must be regular files (a FIFO never
+ * holds the caller). o may be NULL (the defaults); borrowed. *out is set
+ * (owned by the caller) only on EN_OK. Errors name the file: EN_ERR_IO (not
+ * there, not a regular file, a link out of root_fd), EN_ERR_FORMAT (a
+ * config or tensor that is wrong, a config over the size limit),
+ * EN_ERR_UNSUPPORTED, EN_ERR_ARG (r over o->max_rank, naming both),
+ * EN_ERR_NOMEM. Thread-safe for distinct outputs. */
+en_status en_lora_load_peft_opts(en_backend *be, const en_model_hparams *hp, const char *dir,
+                                 const en_lora_load_opts *o, en_lora **out, en_err *err);
 /* Merge into the model's weights: W += s * B A. The model then no longer
  * needs the adapter (detach it first). */
 en_status en_lora_merge(const en_lora *l, en_model *m, en_err *err);

@@ -83,8 +83,20 @@ static int find(const en_adapter_set *s, const char *name) { /* under mu */
     return -1;
 }
 
+static void info_of(const en_adapter *a, en_adapter_info *o);
+
+void en_adapter_set_limits(const en_adapter_set *s, int *max_adapters, int *max_rank) {
+    *max_adapters = s->max; /* set at creation, never changed: no lock */
+    *max_rank = s->max_rank;
+}
+
 en_status en_adapter_set_add(en_adapter_set *s, const char *name, const char *path, en_lora *l,
                              en_err *err) {
+    return en_adapter_set_add_info(s, name, path, l, NULL, err);
+}
+
+en_status en_adapter_set_add_info(en_adapter_set *s, const char *name, const char *path,
+                                  en_lora *l, en_adapter_info *info, en_err *err) {
     if (!en_adapter_name_ok(name)) {
         en_lora_destroy(l);
         return EN_ERR(err, EN_ERR_ARG,
@@ -118,6 +130,9 @@ en_status en_adapter_set_add(en_adapter_set *s, const char *name, const char *pa
     if (st == EN_OK) {
         a->id = s->next_id++;
         s->loaded[s->n++] = a;
+        /* under the same lock: a DELETE may take the name the moment it is
+         * released, and the caller must still say what it loaded */
+        if (info) info_of(a, info);
     }
     pthread_mutex_unlock(&s->mu);
     if (st != EN_OK) adapter_free(a);

@@ -64,6 +64,13 @@ typedef struct en_adapter_info {
 int en_adapter_set_list(en_adapter_set *s, en_adapter_info **out);
 /* The loaded adapter of that name into *out: 1, or 0 when there is none. */
 int en_adapter_set_find(en_adapter_set *s, const char *name, en_adapter_info *out);
+/* en_adapter_set_add, and on EN_OK *info (may be NULL) describes the
+ * adapter as it was added, taken under the set's lock: a concurrent remove
+ * may unload it at once, and the caller can still answer for the load. */
+en_status en_adapter_set_add_info(en_adapter_set *s, const char *name, const char *path,
+                                  en_lora *l, en_adapter_info *info, en_err *err);
+/* The limits given to en_adapter_set_create. Thread-safe (they never change). */
+void en_adapter_set_limits(const en_adapter_set *s, int *max_adapters, int *max_rank);
 /* Loaded now, and unloaded but still held by running requests. */
 void en_adapter_set_counts(en_adapter_set *s, int *loaded, int *draining);
 

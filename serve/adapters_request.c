@@ -1,8 +1,8 @@
 /*
  * adapters_request.c - the body of POST /v1/adapters read and checked
  * (adapters_request.h); http_adapters.c then resolves the path and loads
- * the adapter. No HTTP here, so that tests/fuzz/fuzz_adapters_request.c
- * links it alone.
+ * the adapter (or, with "dry_run", says whether it would). No HTTP here,
+ * so that tests/fuzz/fuzz_adapters_request.c links it alone.
  */
 #include "adapters_request.h"
 
@@ -29,11 +29,16 @@ int adapters_req_parse(const char *body, size_t len, const char *base_name, adap
     memset(out, 0, sizeof *out);
     out->body = oa_parse_body(body, len, e);
     if (!out->body) return -1;
+    long long rank = 0;
     if (oa_get_str(out->body, "name", NULL, &out->name, e) ||
-        oa_get_str(out->body, "path", NULL, &out->path, e) || check(out, base_name, e)) {
+        oa_get_str(out->body, "path", NULL, &out->path, e) ||
+        oa_get_bool(out->body, "dry_run", NULL, &out->dry_run, e) ||
+        oa_get_int(out->body, "rank", NULL, 1, EN_LORA_RANK_MAX, &rank, e) ||
+        check(out, base_name, e)) {
         adapters_req_free(out);
         return -1;
     }
+    out->rank = (int)rank;
     return 0;
 }
 

@@ -21,10 +21,13 @@
 #     renders identically, and `energon export` carries tokenizer.json,
 #     tokenizer_config.json and chat_template.jinja.
 #  6. --serve-url: a LoRA run hands its final adapter to a running `energon
-#     serve` (POST /v1/adapters); a taken name (409), a run directory outside
-#     the server's --adapter-dir (403) and an unreachable server fail with the
-#     server's or curl's message and leave the adapter in place; --serve-url
-#     without --lora-rank is a usage error before training.
+#     serve` (POST /v1/adapters); the server is asked first (a dry run), so a
+#     taken name (409), a run directory outside the server's --adapter-dir
+#     (403) and a rank over its --max-lora-rank (400) exit 2 with the
+#     server's message before anything is trained; a name taken during the
+#     run and an unreachable server fail at the end with the server's or
+#     curl's message and leave the adapter in place; --serve-url without
+#     --lora-rank is a usage error before training.
 set -u
 ENERGON=$1
 FIX=$2
@@ -315,32 +318,59 @@ else
         else
             bad "--serve-url hand-off: exit $rc, $(tail -1 "$T/ho1.log"); /v1/models: $models"
         fi
-        # (b) the name is taken: 409, the second run's adapter stays
+        # (b) the name is taken: the server's 409, asked before training
+        # (a dry run): exit 2, nothing trained
         "$ENERGON" "${HO[@]}" --out "$T/served/ho2" --serve-url "$SURL" --serve-name ho1 \
             >"$T/ho2.log" 2>&1
         rc=$?
-        if [ "$rc" -eq 1 ] && grep -q "refused the adapter (409" "$T/ho2.log" &&
-           [ -f "$T/served/ho2/adapter_model.safetensors" ]; then
-            ok "taken --serve-name: $(grep -F 409 "$T/ho2.log" | cut -c1-220); adapter kept"
+        if [ "$rc" -eq 2 ] && grep -q "would refuse the adapter (409 adapter_exists)" "$T/ho2.log" &&
+           [ ! -e "$T/served/ho2" ]; then
+            ok "taken --serve-name, asked first: $(grep -F 409 "$T/ho2.log" | cut -c1-200); nothing trained"
         else
             bad "taken --serve-name: exit $rc, $(tail -1 "$T/ho2.log"), $(ls "$T/served/ho2" 2>&1 | paste -sd' ')"
         fi
-        # (c) a run directory outside --adapter-dir: 403
+        # (c) a run directory outside --adapter-dir: 403 before training
         "$ENERGON" "${HO[@]}" --out "$T/outside/ho3" --serve-url "$SURL" >"$T/ho3.log" 2>&1
         rc=$?
-        if [ "$rc" -eq 1 ] && grep -q "refused the adapter (403 path_not_allowed)" "$T/ho3.log" &&
-           [ -f "$T/outside/ho3/adapter_model.safetensors" ]; then
-            ok "run outside --adapter-dir: $(grep -F 403 "$T/ho3.log" | cut -c1-220)"
+        if [ "$rc" -eq 2 ] && grep -q "would refuse the adapter (403 path_not_allowed)" "$T/ho3.log" &&
+           [ ! -e "$T/outside/ho3" ]; then
+            ok "run outside --adapter-dir, asked first: $(grep -F 403 "$T/ho3.log" | cut -c1-200)"
         else
             bad "run outside --adapter-dir: exit $rc, $(tail -1 "$T/ho3.log")"
+        fi
+        # (d) --lora-rank over the server's --max-lora-rank (64): 400 before training
+        "$ENERGON" "${HO[@]}" --lora-rank 128 --out "$T/served/ho5" --serve-url "$SURL" >"$T/ho5.log" 2>&1
+        rc=$?
+        if [ "$rc" -eq 2 ] && grep -q "would refuse the adapter (400 invalid_adapter).*--max-lora-rank 64" \
+               "$T/ho5.log" && [ ! -e "$T/served/ho5" ]; then
+            ok "--lora-rank 128 over --max-lora-rank, asked first: $(grep -F 400 "$T/ho5.log" | cut -c1-200)"
+        else
+            bad "--lora-rank over --max-lora-rank: exit $rc, $(tail -1 "$T/ho5.log")"
+        fi
+        # (e) the name taken while the run trains (after the dry run): the
+        # final load's 409, exit 1, the adapter kept
+        ( for _ in $(seq 1 600); do [ -d "$T/served/ho6" ] && break; sleep 0.05; done
+          curl -s -H "Authorization: Bearer $KEY" -d '{"name":"ho6","path":"ho1"}' \
+              "$SURL/v1/adapters" >/dev/null ) &
+        taker=$!
+        "$ENERGON" "${HO[@]}" --out "$T/served/ho6" --serve-url "$SURL" >"$T/ho6.log" 2>&1
+        rc=$?
+        wait "$taker"
+        if [ "$rc" -eq 1 ] && grep -q "refused the adapter (409" "$T/ho6.log" &&
+           [ -f "$T/served/ho6/adapter_model.safetensors" ]; then
+            ok "name taken during training: $(grep -F 409 "$T/ho6.log" | cut -c1-200); adapter kept"
+        else
+            bad "name taken during training: exit $rc, $(tail -1 "$T/ho6.log")"
         fi
     fi
     kill -KILL "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; SPID=
 fi
-# (e) nothing listens on port 1: curl's error, naming the URL
+# (f) nothing listens on port 1: a note before training (the server may start
+# while the run trains), then curl's error at the end, naming the URL
 "$ENERGON" "${HO[@]}" --out "$T/served/ho4" --serve-url http://127.0.0.1:1 >"$T/ho4.log" 2>&1
 rc=$?
-if [ "$rc" -eq 1 ] && grep -qF "no answer from http://127.0.0.1:1/v1/adapters" "$T/ho4.log" &&
+if [ "$rc" -eq 1 ] && grep -qF "no answer yet from http://127.0.0.1:1/v1/adapters" "$T/ho4.log" &&
+   grep -qF "no answer from http://127.0.0.1:1/v1/adapters" "$T/ho4.log" &&
    [ -f "$T/served/ho4/adapter_model.safetensors" ]; then
     ok "unreachable --serve-url: $(grep -F "no answer" "$T/ho4.log" | cut -c1-220)"
 else

@@ -3,7 +3,9 @@
  * (models/family*.c) to parse configs: the layer, RoPE and backend calls
  * the table refers to, defined to abort. Parsing a config.json or an
  * adapter_config.json and laying out parameters only read the table;
- * nothing here ever runs. Listed in a target's fuzz-sources line.
+ * nothing here ever runs. Listed in a target's fuzz-sources line. The
+ * backend's buffer calls are weak: a target that loads adapters for real
+ * (fuzz_adapter_load.c) defines host versions of its own.
  */
 #include <stdlib.h>
 
@@ -23,17 +25,18 @@ void en_decoder_layer_bwd(en_grad_ctx *g, int l, const en_layer_acts *a, const f
     abort();
 }
 
-void *en_backend_alloc(en_backend *be, size_t bytes) {
+__attribute__((weak)) void *en_backend_alloc(en_backend *be, size_t bytes) {
     (void)be, (void)bytes;
     abort();
 }
 
-void en_backend_free(en_backend *be, void *buf) {
+__attribute__((weak)) void en_backend_free(en_backend *be, void *buf) {
     (void)be, (void)buf;
     abort();
 }
 
-void en_backend_upload(en_backend *be, void *dst, const void *host_src, size_t bytes) {
+__attribute__((weak)) void en_backend_upload(en_backend *be, void *dst, const void *host_src,
+                                             size_t bytes) {
     (void)be, (void)dst, (void)host_src, (void)bytes;
     abort();
 }

@@ -1,7 +1,8 @@
 /*
  * fuzz_adapters_request.c - libFuzzer target for the body of POST
  * /v1/adapters (serve/adapters_request.c): any bytes as the body give a
- * name and path to load, or a 400 / 409 naming the field, never a crash,
+ * name and path to load (with dry_run 0 or 1 and a rank of 0, not given, or
+ * 1..EN_LORA_RANK_MAX), or a 400 / 409 naming the field, never a crash,
  * leak or sanitizer report. Each input is read for two base models: one
  * whose name an adapter could take ("base") and one it could not
  * ("org/base-model"). serve/adapters.c is linked for en_adapter_name_ok;
@@ -33,6 +34,7 @@ static void one(const uint8_t *data, size_t size, const char *base) {
     if (adapters_req_parse((const char *)data, size, base, &q, &e) == 0) {
         if (e.status || !q.body || !q.name || !q.path || !*q.path) abort();
         if (!en_adapter_name_ok(q.name) || strcmp(q.name, base) == 0) abort();
+        if ((q.dry_run != 0 && q.dry_run != 1) || q.rank < 0 || q.rank > EN_LORA_RANK_MAX) abort();
         adapters_req_free(&q);
         if (q.body || q.name || q.path) abort();
         return;

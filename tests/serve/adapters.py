@@ -17,8 +17,16 @@ the PEFT-written adapter tests/fixtures/grad/llama_gqa_tied_lora_adapter as
     answer what the same request answers alone, and the engine ran them in
     fewer steps than alone (they were batched together);
   - DELETE /v1/adapters/a2 while 8 streams run on it: all 8 end normally,
-    a2 then answers 404, /metrics counts no draining adapter once they end.
+    a2 then answers 404, /metrics counts no draining adapter once they end;
+  - issue 31: r = 4096 without weights refused naming the rank; a 300 MB
+    sparse config refused at once naming the cap; a FIFO as either file
+    answered at once; outside paths ('..', absolute, a link out) answer the
+    same 403 whether or not they exist; a config linked to /etc/passwd is
+    not followed; links inside the directory (an HF cache) are; 300
+    load / delete races never answer 500; "dry_run" answers what a load
+    would, loading and making nothing.
 """
+import http.client as hc
 import json
 import os
 import shutil
@@ -26,8 +34,8 @@ import struct
 import threading
 import time
 
-from common import (FIXTURES, MODEL, SLOW, check, finish, http_json, metric, metrics, note, post,
-                    sse_events, stream_post)
+from common import (FIXTURES, MODEL, SLOW, URL, check, finish, http_json, metric, metrics, note,
+                    post, split_url, sse_events, stream_post)
 
 ADIR = os.environ["EN_ADAPTER_DIR"]
 PEFT = os.path.join(FIXTURES, "grad", "llama_gqa_tied_lora_adapter")
@@ -153,6 +161,148 @@ for body, want, what in (({"name": "a3", "path": "/etc"}, 403, "an absolute path
           f"{st} {(js or {}).get('error', {}).get('message', raw[:100])}")
 st, js, _ = http_json("DELETE", "/v1/adapters/nope")
 check(st == 404, "DELETE of an unknown adapter: 404", f"{st}")
+
+# ---- issue 31: what a load opens, and what it answers about what is not there
+
+
+def err_of(js, raw):
+    return ((js or {}).get("error") or {}).get("message", str(raw[:200]))
+
+
+def healthy():
+    st, _, _ = http_json("GET", "/health", timeout=5)
+    return st == 200
+
+
+# r = 4096 (legal for the loader) and no weights: refused for the rank, not
+# for the missing file, before anything is allocated
+big = os.path.join(ADIR, "r4096")
+os.makedirs(big, exist_ok=True)
+with open(os.path.join(PEFT, "adapter_config.json")) as f:
+    cfg = json.load(f)
+cfg["r"] = 4096
+with open(os.path.join(big, "adapter_config.json"), "w") as f:
+    json.dump(cfg, f)
+st, js, raw = post("/v1/adapters", {"name": "r4096", "path": "r4096"})
+msg = err_of(js, raw)
+check(st == 400 and "r = 4096" in msg and "--max-lora-rank 64" in msg and "safetensors" not in msg,
+      "r = 4096 without weights: 400 naming the rank and --max-lora-rank", f"{st} {msg}")
+# a 300 MB sparse adapter_config.json: refused unread, naming the file and the cap
+sparse = os.path.join(ADIR, "sparse")
+os.makedirs(sparse, exist_ok=True)
+shutil.copy(os.path.join(PEFT, "adapter_model.safetensors"), sparse)
+with open(os.path.join(sparse, "adapter_config.json"), "wb") as f:
+    f.truncate(300 << 20)
+t0 = time.time()
+st, js, raw = post("/v1/adapters", {"name": "sparse", "path": "sparse"})
+dt = time.time() - t0
+msg = err_of(js, raw)
+check(st == 400 and "adapter_config.json is 314572800 bytes" in msg and "1.0 MiB" in msg and
+      dt < 2 * SLOW, "a 300 MB sparse adapter_config.json: 400 naming the file and the 1 MiB cap",
+      f"{st} in {dt:.2f} s: {msg}")
+# FIFOs as either file: answered at once, the server unharmed
+for which in ("adapter_config.json", "adapter_model.safetensors"):
+    d = os.path.join(ADIR, "fifo-" + which.split("_")[1].split(".")[0])
+    os.makedirs(d, exist_ok=True)
+    for other in ("adapter_config.json", "adapter_model.safetensors"):
+        if other != which:
+            shutil.copy(os.path.join(PEFT, other), d)
+    os.mkfifo(os.path.join(d, which))
+    t0 = time.time()
+    st, js, raw = post("/v1/adapters", {"name": "fifo", "path": os.path.basename(d)}, timeout=10)
+    dt = time.time() - t0
+    msg = err_of(js, raw)
+    check(st == 400 and "not a regular file" in msg and which in msg and dt < 2 * SLOW and healthy(),
+          f"a FIFO as {which}: 400 at once, the server fine", f"{st} in {dt:.2f} s: {msg}")
+# an existence oracle: the same answer for an outside path that exists and
+# one that does not, written with '..', absolute, or through a link
+os.symlink("/etc", os.path.join(ADIR, "to-etc"))
+os.symlink("/no-such-dir-31", os.path.join(ADIR, "to-nothing"))
+for there, not_there, what in (("../../../../../../etc", "../../../../../../no-such-dir-31", "'..'"),
+                               ("/etc", "/no-such-dir-31", "absolute"),
+                               ("to-etc", "to-nothing", "a link out"),
+                               ("../" + os.path.basename(ADIR.rstrip("/")) + "/a2",
+                                "../" + os.path.basename(ADIR.rstrip("/")) + "/nope", "'..' back in")):
+    a = post("/v1/adapters", {"name": "o1", "path": there})
+    b = post("/v1/adapters", {"name": "o1", "path": not_there})
+    ma, mb = err_of(a[1], a[2]).replace(there, "P"), err_of(b[1], b[2]).replace(not_there, "P")
+    ca, cb = ((a[1] or {}).get("error") or {}).get("code"), ((b[1] or {}).get("error") or {}).get("code")
+    check(a[0] == b[0] == 403 and ma == mb and ca == cb,
+          f"outside --adapter-dir ({what}): 403 alike whether or not it exists",
+          f"{a[0]} {ca} / {b[0]} {cb}: {ma} | {mb}")
+# a file linked out of an adapter directory is not followed: /etc/passwd's
+# first word never shows in the answer
+leak = os.path.join(ADIR, "leak")
+os.makedirs(leak, exist_ok=True)
+shutil.copy(os.path.join(PEFT, "adapter_model.safetensors"), leak)
+os.symlink("/etc/passwd", os.path.join(leak, "adapter_config.json"))
+with open("/etc/passwd") as f:
+    first = f.read().split(":")[0]
+st, js, raw = post("/v1/adapters", {"name": "leak", "path": "leak"})
+msg = err_of(js, raw)
+check(st == 400 and "symbolic link leading outside" in msg and
+      (first + ":") not in raw.decode(errors="replace"),
+      "a config linked to /etc/passwd: 400, not followed, nothing of it echoed", f"{st} {msg}")
+# links inside --adapter-dir are followed (a Hugging Face cache snapshot)
+snap = os.path.join(ADIR, "hf", "snapshots", "r1")
+blobs = os.path.join(ADIR, "hf", "blobs")
+os.makedirs(snap, exist_ok=True)
+os.makedirs(blobs, exist_ok=True)
+for i, name in enumerate(("adapter_config.json", "adapter_model.safetensors")):
+    shutil.copy(os.path.join(PEFT, name), os.path.join(blobs, f"b{i}"))
+    os.symlink(f"../../blobs/b{i}", os.path.join(snap, name))
+st, js, raw = post("/v1/adapters", {"name": "snap", "path": "hf/snapshots/r1"})
+check(st == 200 and js.get("rank") == 4 and js.get("path", "").endswith("/hf/snapshots/r1"),
+      "an adapter of links inside --adapter-dir (HF cache layout) loads", f"{st} {raw[:160]!r}")
+http_json("DELETE", "/v1/adapters/snap")
+
+# ---- load / delete races: 300 rounds of one load while DELETEs of the same
+# name run back to back on a kept-alive connection, so that some land just
+# as the load adds the adapter (the answer must then still be the load's)
+def spin_deletes(stop, seen):
+    host, port = split_url(URL)
+    conn = hc.HTTPConnection(host, port, timeout=30 * SLOW)
+    while not stop.is_set():
+        conn.request("DELETE", "/v1/adapters/race")
+        r = conn.getresponse()
+        r.read()
+        seen[r.status] = seen.get(r.status, 0) + 1
+    conn.close()
+
+
+posts, deletes = {}, {}
+for i in range(300):
+    stop = threading.Event()
+    spinner = threading.Thread(target=spin_deletes, args=(stop, deletes))
+    spinner.start()
+    st = post("/v1/adapters", {"name": "race", "path": "a2"})[0]
+    stop.set()
+    spinner.join()
+    posts[st] = posts.get(st, 0) + 1
+http_json("DELETE", "/v1/adapters/race")
+check(set(posts) <= {200, 409} and set(deletes) <= {200, 404} and posts.get(200, 0) > 0,
+      "300 loads raced by back-to-back DELETEs: loads answer 200 or 409, deletes 200 or 404, "
+      "never 500", f"loads {posts}, deletes {deletes}")
+
+# ---- "dry_run": what a load would answer, with nothing loaded
+for body, want, what in (
+        ({"name": "dry", "path": "runs/future", "dry_run": True, "rank": 8}, 200,
+         "a directory a run will make"),
+        ({"name": "dry", "path": "a2", "dry_run": True}, 200, "an existing directory"),
+        ({"name": "dry", "path": "runs/future", "dry_run": True, "rank": 128}, 400,
+         "a rank over --max-lora-rank"),
+        ({"name": "a1", "path": "runs/future", "dry_run": True}, 409, "a name already loaded"),
+        ({"name": "dry", "path": "../elsewhere/run", "dry_run": True}, 403, "a path leading out"),
+        ({"name": "dry", "path": "runs/x/../../../out", "dry_run": True}, 403,
+         "a '..' out in the part to be made"),
+        ({"name": "dry", "path": "/etc/run", "dry_run": True}, 403, "an absolute path outside"),
+        ({"name": "dry", "path": "a2", "dry_run": "yes"}, 400, "dry_run not a boolean")):
+    st, js, raw = post("/v1/adapters", body)
+    check(st == want and (st != 200 or js.get("dry_run") is True),
+          f"POST /v1/adapters dry run with {what}: {want}", f"{st} {raw[:200]!r}")
+st, _, _ = http_json("GET", "/v1/adapters/dry")
+check(st == 404 and not os.path.exists(os.path.join(ADIR, "runs")),
+      "a dry run loads nothing and makes nothing", f"GET /v1/adapters/dry: {st}")
 
 # ---- a mixed batch equals each request alone
 reqs = [(("base", "a1", "a2")[i % 3], prompts[i % len(prompts)]) for i in range(24)]
