@@ -33,6 +33,7 @@
 #include "checkpoint.h"
 #include "ground_data.h"
 #include "report.h"
+#include "run_dir.h"
 
 #define STATE_MAGIC "energon-trainer-state"
 #define STATE_VERSION 1
@@ -737,7 +738,10 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     r->epoch = 0;
     r->cursor = 0;
     s = EN_OK;
-    if (r->main) s = en_mkdir_p(cfg->run_dir, err);
+    /* Only now, with the model and data loaded, may an old run be cleared
+     * out (--overwrite): a failure before this point leaves it as it was. */
+    if (r->main && !resume) s = en_run_dir_prepare(cfg->run_dir, cfg->overwrite, err);
+    if (s == EN_OK && r->main) s = en_mkdir_p(cfg->run_dir, err);
     if (s == EN_OK && resume) s = load_checkpoint(r, err);
     if (s == EN_OK && !resume && r->main) s = config_save(cfg, err);
     /* one rank's failure (a bad file, no checkpoint) ends every rank */
