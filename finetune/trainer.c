@@ -510,9 +510,14 @@ static void run_free(run *r) {
 static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
     const en_data_stats *st = en_dataset_stats(ds);
     en_log(EN_LOG_INFO,
-           "%s: %lld records, %lld tokens (%lld trained) in %lld windows of %d tokens%s", what,
-           (long long)st->n_records, (long long)st->n_tokens, (long long)st->n_trained_tokens,
-           (long long)st->n_windows, seq_len, "");
+           "%s: %lld records, %lld tokens (%lld trained) in %lld windows of %d tokens, from %lld "
+           "file(s)", what, (long long)st->n_records, (long long)st->n_tokens,
+           (long long)st->n_trained_tokens, (long long)st->n_windows, seq_len,
+           (long long)st->n_files);
+    if (st->n_files_skipped)
+        en_log(EN_LOG_WARN,
+               "%s: passed over %lld files of other formats in data directories (read: .txt, "
+               ".jsonl, .md, .html, optionally .gz)", what, (long long)st->n_files_skipped);
     if (st->n_bad_skipped)
         en_log(EN_LOG_WARN, "%s: skipped %lld malformed records (first: %s)", what,
                (long long)st->n_bad_skipped,
@@ -660,7 +665,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     /* data */
     en_data_config dc = cfg->data_cfg;
     dc.chat_template = r->tmpl;
-    en_log(EN_LOG_INFO, "reading %d training file(s); tokenizer %s; chat template %s",
+    en_log(EN_LOG_INFO, "reading %d --data path(s); tokenizer %s; chat template %s",
            cfg->n_data, en_tokenizer_file(r->tok), en_chat_template_describe(r->tmpl));
     if ((s = load_datasets(r, cfg, &dc, err)) != EN_OK) goto fail;
     if (cfg->n_val_data == 0 && cfg->val_fraction > 0) {

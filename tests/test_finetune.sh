@@ -10,6 +10,8 @@
 #     counted with --skip-bad-records); a model without a tokenizer is refused;
 #     --out onto a run is refused (exit 2, unchanged) unless --overwrite, which
 #     starts a fresh run; a directory holding a user's file is never written;
+#     .html and .md data (a file or a directory) train on their text without
+#     markup, as `energon index` reads them;
 #  4. (needs ../shared) LoRA on stories260K lowers the loss of a held-out text
 #     it has never seen; the exported merged model scores exactly what base +
 #     adapter scores;
@@ -199,6 +201,35 @@ expect "--overwrite onto a user's directory" 2 "$T/mine holds notes.txt" -- \
 mkdir -p "$T/empty_out"
 "$ENERGON" finetune "${RA[@]}" --steps 2 --out "$T/empty_out" >/dev/null 2>&1 && [ -f "$T/empty_out/run.json" ] &&
     ok "an empty --out directory takes a new run" || bad "a run into an empty directory failed"
+
+# 3c. .md and .html data read as `energon index` reads them: no tags in
+# the trained text, a directory of them trains.
+mkdir -p "$T/pages/sub"
+cat >"$T/pages/guide.html" <<'HTML'
+<!DOCTYPE html>
+<html><head><title>Crate guide</title><style>p { color: red }</style>
+<script>var hidden = "<b>script text</b>";</script></head>
+<body><h1>Moving crates</h1>
+<p>The <b>warehouse</b> robot moves crate 3 to <a href="/s">shelf 2</a> &amp; waits.</p>
+<div>Record 7: the robot moves crate 7 before noon.</div></body></html>
+HTML
+printf '# Shelf rules\n\nThe robot moves crate 5 to shelf 1 before noon.\n' >"$T/pages/sub/rules.md"
+"$ENERGON" finetune --model "$T/base" --data "$T/pages/guide.html" --data "$T/pages/sub/rules.md" \
+    --seq-len 64 --dump-data 4 >"$T/pages.dump" 2>"$T/pages.err" || { bad "--dump-data of .html and .md"; head -3 "$T/pages.err"; }
+# the windows' text (one token overlaps between windows), trained marks removed
+text=$(grep -vE '^(window [0-9]|ids:|train:)' "$T/pages.dump" | sed 's/⟦//g; s/⟧//g' | tr '\n' ' ')
+if printf '%s' "$text" | grep -qF 'The warehouse robot moves crate 3 to shelf 2' &&
+   printf '%s' "$text" | grep -qF 'Moving crates' && printf '%s' "$text" | grep -qF 'Shelf rules' &&
+   ! printf '%s' "$text" | grep -qE '</?(b|a|p|div|h1|title|html|head|body|script|style)[ >]|DOCTYPE|&amp;|script text|color: red|# Shelf'; then
+    ok ".html and .md as data: --dump-data shows their text without tags, scripts, styles or '#'"
+else
+    bad ".html/.md text in --dump-data: $(head -c 300 "$T/pages.dump")"
+fi
+"$ENERGON" finetune --model "$T/base" --data "$T/pages" --seq-len 32 --batch 2 --steps 4 --threads 2 \
+    --eval-every 0 --out "$T/pages_run" >"$T/pages_run.log" 2>&1 &&
+    [ "$(wc -l <"$T/pages_run/metrics.jsonl")" -eq 4 ] && grep -q '"loss":[0-9]' "$T/pages_run/metrics.jsonl" &&
+    ok "a directory of .html and .md trains: 4 steps, $(grep -o '[0-9]* records, [0-9]* tokens' "$T/pages_run.log" | head -1)" ||
+    { bad "a run on a directory of .html and .md"; tail -3 "$T/pages_run.log"; }
 
 # 4. LoRA on stories260K
 S=$SHARED/models/stories260K
