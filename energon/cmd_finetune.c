@@ -118,6 +118,9 @@ static void usage(FILE *f) {
 /* --out before anything is loaded: a new run goes only into an absent or
  * empty directory, or with --overwrite one holding a run (the trainer
  * clears it once the model and data have loaded and checks it again).
+ * Under mpirun every rank looks, before MPI starts; only rank 0 writes, and
+ * only after MPI_Init (which Open MPI's ranks pass together) and loading the
+ * model and data, so in practice no rank sees rank 0's new files here.
  * Returns EN_EXIT_OK, or EN_EXIT_USAGE / EN_EXIT_ERROR (printed). */
 static int out_dir_check(const en_finetune_config *c) {
     if (c->dump_data) { /* nothing is written */

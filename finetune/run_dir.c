@@ -6,8 +6,9 @@
  * writes and, when asked to, removes the entries it has just checked. A
  * removal pass therefore never deletes anything it did not recognise in
  * the same pass, even if the directory changed since the caller's inspect.
- * Everything is looked at with lstat: a symbolic link is not a run's entry,
- * so nothing outside the directory is reached or removed.
+ * Everything inside is looked at with lstat: a symbolic link is not a run's
+ * entry, so nothing outside the directory is reached or removed (the
+ * directory itself may be reached through a link).
  *
  * What it leaves out: locking against a second energon writing the same
  * directory at the same moment (the checkpoint writer's temporary names
@@ -164,7 +165,8 @@ static void top_entry(walk *w, const char *path, const char *rel, const char *na
 static en_status walk_root(walk *w, int *empty) {
     struct stat sb;
     *empty = 0;
-    if (lstat(w->root, &sb) != 0) {
+    /* the root itself may be a link (runs/ -> /scratch/runs): followed */
+    if (stat(w->root, &sb) != 0) {
         if (errno == ENOENT) {
             *empty = 1;
             return EN_OK;

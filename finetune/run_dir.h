@@ -13,8 +13,8 @@
  * loss.svg, adapter_config.json, adapter_model.safetensors (each possibly
  * with leftovers NAME.tmp.PID of an interrupted atomic write), model/ (only
  * regular files) and checkpoints/ (only step-N and .tmp-step-* directories,
- * each holding only regular files). Symbolic links are never a run's: they
- * are neither followed nor removed.
+ * each holding only regular files). Symbolic links inside it are never a
+ * run's: they are neither followed nor removed (dir itself may be a link).
  *
  * Used by the training loop (en_finetune_run) and `energon finetune`, which
  * checks --out before loading anything so that the refusal comes first.
