@@ -611,6 +611,8 @@ static void put_part(char *t, size_t *at, const char *part, size_t n) {
  * its own, then its paragraphs, blank lines between them. Owned; *n its
  * length. NULL on OOM. */
 static char *doc_text(const en_doc *d, size_t *n) {
+    /* bound: put_part writes each part's bytes plus at most 2 of separator,
+     * so the sum of (len + 2) over titles and paragraphs, plus the NUL */
     size_t cap = 1;
     for (int i = 0; i < d->n_sections; i++) cap += strlen(d->sections[i].title) + 2;
     for (int i = 0; i < d->n_paras; i++) cap += d->paras[i].len + 2;
