@@ -33,7 +33,7 @@ typedef struct walk {
     const char *root;
     int remove;      /* 1: unlink / rmdir each checked entry */
     int has_run_json;
-    int foreign;     /* an entry that is not a run's was seen */
+    int n_foreign;   /* entries seen that are not a run's */
     char first[512]; /* the smallest such entry, relative to root */
     en_err *err;
     en_status st; /* the first I/O failure */
@@ -69,8 +69,8 @@ static int is_ckpt_name(const char *name) {
 /* Note rel (relative to the root) as not a run's; keep the smallest name so
  * that the message does not depend on readdir's order. */
 static void note_foreign(walk *w, const char *rel) {
-    if (!w->foreign || strcmp(rel, w->first) < 0) snprintf(w->first, sizeof w->first, "%s", rel);
-    w->foreign = 1;
+    if (!w->n_foreign || strcmp(rel, w->first) < 0) snprintf(w->first, sizeof w->first, "%s", rel);
+    w->n_foreign++;
 }
 
 static void io_fail(walk *w, const char *what, const char *path) {
@@ -109,33 +109,33 @@ static int each_entry(walk *w, const char *path, const char *rel, entry_fn fn) {
     return w->st == EN_OK;
 }
 
-/* Remove a checked file (run.json is kept for the end: see run_dir.h). */
-static void remove_file(walk *w, const char *path, const char *name) {
-    if (w->remove && strcmp(name, "run.json") != 0 && unlink(path) != 0) io_fail(w, "remove", path);
+/* Remove a checked file. */
+static void remove_file(walk *w, const char *path) {
+    if (w->remove && unlink(path) != 0) io_fail(w, "remove", path);
 }
 
 /* Inside model/ or a checkpoint: regular files only. */
 static void flat_entry(walk *w, const char *path, const char *rel, const char *name,
-                      const struct stat *sb) {
+                       const struct stat *sb) {
+    (void)name;
     if (!S_ISREG(sb->st_mode)) {
         note_foreign(w, rel);
         return;
     }
-    remove_file(w, path, name);
+    remove_file(w, path);
 }
 
 /* Check (and remove) a directory of regular files; the directory itself is
  * removed only when everything in it was a run's. */
 static void flat_dir(walk *w, const char *path, const char *rel) {
-    int before = w->foreign;
-    w->foreign = 0;
-    if (each_entry(w, path, rel, flat_entry) && w->remove && !w->foreign && rmdir(path) != 0)
+    int before = w->n_foreign;
+    if (each_entry(w, path, rel, flat_entry) && w->remove && w->n_foreign == before &&
+        rmdir(path) != 0)
         io_fail(w, "remove", path);
-    w->foreign = w->foreign || before;
 }
 
 static void ckpt_entry(walk *w, const char *path, const char *rel, const char *name,
-                      const struct stat *sb) {
+                       const struct stat *sb) {
     if (!S_ISDIR(sb->st_mode) || !is_ckpt_name(name)) {
         note_foreign(w, rel);
         return;
@@ -144,18 +144,18 @@ static void ckpt_entry(walk *w, const char *path, const char *rel, const char *n
 }
 
 static void top_entry(walk *w, const char *path, const char *rel, const char *name,
-                     const struct stat *sb) {
-    if (S_ISREG(sb->st_mode) && is_run_file(name)) {
-        if (strcmp(name, "run.json") == 0) w->has_run_json = 1;
-        remove_file(w, path, name);
+                      const struct stat *sb) {
+    if (S_ISREG(sb->st_mode) && strcmp(name, "run.json") == 0) {
+        w->has_run_json = 1; /* removed last, by en_run_dir_prepare (see run_dir.h) */
+    } else if (S_ISREG(sb->st_mode) && is_run_file(name)) {
+        remove_file(w, path);
     } else if (S_ISDIR(sb->st_mode) && strcmp(name, "model") == 0) {
         flat_dir(w, path, rel);
     } else if (S_ISDIR(sb->st_mode) && strcmp(name, "checkpoints") == 0) {
-        int before = w->foreign;
-        w->foreign = 0;
-        if (each_entry(w, path, rel, ckpt_entry) && w->remove && !w->foreign && rmdir(path) != 0)
+        int before = w->n_foreign;
+        if (each_entry(w, path, rel, ckpt_entry) && w->remove && w->n_foreign == before &&
+            rmdir(path) != 0)
             io_fail(w, "remove", path);
-        w->foreign = w->foreign || before;
     } else {
         note_foreign(w, rel);
     }
@@ -198,11 +198,11 @@ en_status en_run_dir_inspect(const char *dir, en_run_dir_info *info, en_err *err
     EN_TRY(walk_root(&w, &empty));
     if (empty)
         info->kind = EN_RUN_DIR_FREE;
-    else if (w.foreign || !w.has_run_json)
+    else if (w.n_foreign || !w.has_run_json)
         info->kind = EN_RUN_DIR_OTHER;
     else
         info->kind = EN_RUN_DIR_RUN;
-    if (w.foreign) snprintf(info->entry, sizeof info->entry, "%s", w.first);
+    if (w.n_foreign) snprintf(info->entry, sizeof info->entry, "%s", w.first);
     return EN_OK;
 }
 
@@ -227,7 +227,7 @@ en_status en_run_dir_prepare(const char *dir, int overwrite, en_err *err) {
     walk w = {.root = dir, .remove = 1, .err = err};
     int empty;
     EN_TRY(walk_root(&w, &empty));
-    if (w.foreign) /* appeared since the inspect: its directory was kept */
+    if (w.n_foreign) /* appeared since the inspect: its directory was kept */
         return EN_ERR(err, EN_ERR_ARG, "%s: %s appeared while the old run was being removed; "
                                        "it was kept", dir, w.first);
     char *rj = en_path_join(dir, "run.json");
