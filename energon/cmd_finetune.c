@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../finetune/run_dir.h"
 #include "../finetune/trainer.h"
 #include "../models/lora.h"
 #include "../models/train.h"
@@ -37,11 +38,14 @@ static void usage(FILE *f) {
         "       energon finetune --resume RUN_DIR [--steps N] [--serve-url URL]\n"
         "\n"
         "Fine-tune the Hugging Face model in DIR on FILE (.txt, .jsonl with {text},\n"
-        "{prompt,completion} or {messages}; .gz allowed). Full fine-tuning by default;\n"
-        "LoRA with --lora-rank.\n"
+        "{prompt,completion} or {messages}, or .md / .html read as `energon index` reads\n"
+        "them, tags stripped; .gz allowed). Full fine-tuning by default; LoRA with\n"
+        "--lora-rank.\n"
         "\n"
         "data:\n"
-        "  --data FILE            training file (repeatable)\n"
+        "  --data FILE|DIR        training file, or a directory: its .txt, .jsonl, .md and\n"
+        "                         .html files in name order, subdirectories included\n"
+        "                         (repeatable)\n"
         "  --val-data FILE        validation file (repeatable)\n"
         "  --val-fraction F       hold out this fraction of records instead (default 0)\n"
         "  --seq-len N            tokens per window (default 256)\n"
@@ -75,7 +79,13 @@ static void usage(FILE *f) {
         "  --lora-alpha A         scale alpha/R (default 16)\n"
         "  --lora-targets LIST    of q,k,v,o,gate,up,down (default q,k,v,o)\n"
         "run:\n"
-        "  --out RUN_DIR          run directory (metrics.jsonl, loss.svg, checkpoints/)\n"
+        "  --out RUN_DIR          run directory (metrics.jsonl, loss.svg, checkpoints/); it must\n"
+        "                         be absent or empty: one holding a run is refused (continue\n"
+        "                         it with --resume, or give --overwrite), one holding other\n"
+        "                         files always is\n"
+        "  --overwrite            delete the run in RUN_DIR (its own files only, after checking\n"
+        "                         they are a run's, once the model and data have loaded) and\n"
+        "                         start a new one there\n"
         "  --eval-every N         validation loss every N steps (default 50)\n"
         "  --eval-batches N       cap validation micro-batches (default: all)\n"
         "  --save-every N         checkpoint every N steps (default 100)\n"
@@ -107,6 +117,48 @@ static void usage(FILE *f) {
         "  --zero 0|1             1: shard the AdamW moments across data-parallel ranks\n"
         "  with --device cuda each rank drives GPU (node-local rank mod GPUs on the node)\n"
         "  and the collectives run on NCCL\n");
+}
+
+/* --out before anything is loaded: a new run goes only into an absent or
+ * empty directory, or with --overwrite one holding a run (the trainer
+ * clears it once the model and data have loaded and checks it again).
+ * Under mpirun every rank looks, before MPI starts; only rank 0 writes, and
+ * only after MPI_Init (which Open MPI's ranks pass together) and loading the
+ * model and data, so in practice no rank sees rank 0's new files here.
+ * Returns EN_EXIT_OK, or EN_EXIT_USAGE / EN_EXIT_ERROR (printed). */
+static int out_dir_check(const en_finetune_config *c) {
+    if (c->dump_data) { /* nothing is written */
+        if (!c->overwrite) return EN_EXIT_OK;
+        en_cli_error(CMD, "--overwrite with --dump-data: nothing is written, so there is "
+                          "nothing to overwrite");
+        return EN_EXIT_USAGE;
+    }
+    en_run_dir_info info;
+    en_err err = {0};
+    if (en_run_dir_inspect(c->run_dir, &info, &err) != EN_OK) {
+        en_cli_error(CMD, "--out: %s", err.msg);
+        return err.status == EN_ERR_ARG ? EN_EXIT_USAGE : EN_EXIT_ERROR;
+    }
+    if (info.kind == EN_RUN_DIR_OTHER && info.entry[0]) {
+        en_cli_error(CMD, "--out: %s holds %s, which is not a file of an energon run; a new "
+                          "run goes into an absent or empty directory (give another --out; "
+                          "--overwrite removes only a run's own files)", c->run_dir,
+                     info.entry);
+        return EN_EXIT_USAGE;
+    }
+    if (info.kind == EN_RUN_DIR_OTHER) {
+        en_cli_error(CMD, "--out: %s holds files of a run but no run.json, so it is not a "
+                          "run that can be resumed or overwritten; give another --out",
+                     c->run_dir);
+        return EN_EXIT_USAGE;
+    }
+    if (info.kind == EN_RUN_DIR_RUN && !c->overwrite) {
+        en_cli_error(CMD, "--out: %s holds a run (run.json, checkpoints/); continue it with "
+                          "--resume %s, or give --overwrite to delete it and start a new one",
+                     c->run_dir, c->run_dir);
+        return EN_EXIT_USAGE;
+    }
+    return EN_EXIT_OK;
 }
 
 /* --serve-url and its companions: where the final adapter goes. */
@@ -364,6 +416,8 @@ int en_cmd_finetune(int argc, char **argv) {
             c.data_cfg.train_on_all = 1;
         } else if (en_cli_switch(argv, i, "--skip-bad-records")) {
             c.data_cfg.skip_bad_records = 1;
+        } else if (en_cli_switch(argv, i, "--overwrite")) {
+            c.overwrite = 1;
         }
         INT_FLAG("--seq-len", 2, 1 << 20, c.data_cfg.seq_len)
         INT_FLAG("--batch", 1, 1 << 16, c.batch)
@@ -396,6 +450,11 @@ int en_cmd_finetune(int argc, char **argv) {
     if (bad) return EN_EXIT_USAGE;
     void *keep = NULL;
     int rc;
+    if (resume && c.overwrite) {
+        en_cli_error(CMD, "--overwrite starts a new run and --resume continues one; give one "
+                          "of them");
+        return EN_EXIT_USAGE;
+    }
     if (resume) {
         if (c.model_dir || c.n_data || c.chat_template || c.index_path) {
             en_cli_error(CMD, "--resume takes the model, data and options from RUN_DIR/run.json; "
@@ -429,6 +488,7 @@ int en_cmd_finetune(int argc, char **argv) {
             en_cli_error(CMD, "give --steps or --epochs, not both");
             return EN_EXIT_USAGE;
         }
+        if ((rc = out_dir_check(&c)) != EN_EXIT_OK) return rc;
     }
     if ((rc = handoff_check(&ho, &c, resume != NULL)) != EN_EXIT_OK ||
         (ho.url && (rc = handoff_ask(&ho, &c)) != EN_EXIT_OK)) {

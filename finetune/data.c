@@ -20,21 +20,29 @@
  * the same reason. This file checks the record's shape (so that errors name
  * the field) and leaves the text to the template.
  *
+ * .md and .html files are read by rag/docs.c's readers, the indexer's own,
+ * so that a model is tuned on the text retrieval later quotes to it (tags
+ * stripped the same way), not on markup.
+ *
  * What it leaves out: streaming datasets larger than memory, formats other
- * than .txt/.jsonl, per-source sampling weights.
+ * than .txt/.jsonl/.md/.html, per-source sampling weights.
  */
 #include "data.h"
 
 #include "../common/file.h"
 #include "../common/rng.h"
 #include "../common/utf8.h"
+#include "../rag/docs.h"
 #include "../tokenizer/chat_tools.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define EN_DATA_MAX_SEQ_LEN (1 << 24)
 
@@ -538,18 +546,26 @@ static en_status load_jsonl(loader *L, const char *path, const char *buf, size_t
     return EN_OK;
 }
 
+/* Text [0, n) starting at `line` that is not UTF-8: the bad() of its first
+ * invalid byte (skipped or an error); *ok = 1 when it is all UTF-8. */
+static en_status utf8_check(loader *L, const char *path, int64_t line, const char *s, size_t n,
+                            int *ok) {
+    size_t at = en_utf8_first_invalid((const unsigned char *)s, n);
+    *ok = at == n;
+    if (*ok) return EN_OK;
+    int64_t bad_line = line;
+    size_t line_start = 0;
+    for (size_t i = 0; i < at; i++)
+        if (s[i] == '\n') bad_line++, line_start = i + 1;
+    return bad(L, path, bad_line, "invalid UTF-8 (byte 0x%02X at column %zu)",
+               (unsigned)(unsigned char)s[at], at - line_start + 1);
+}
+
 /* A document of a .txt file: text [0, n) starting at `line`. */
 static en_status txt_document(loader *L, const char *path, int64_t line, const char *s, size_t n) {
-    size_t at = en_utf8_first_invalid((const unsigned char *)s, n);
-    if (at < n) {
-        int64_t bad_line = line;
-        size_t line_start = 0;
-        for (size_t i = 0; i < at; i++)
-            if (s[i] == '\n') bad_line++, line_start = i + 1;
-        return bad(L, path, bad_line, "invalid UTF-8 (byte 0x%02X at column %zu)",
-                   (unsigned)(unsigned char)s[at], at - line_start + 1);
-    }
-    return add_text(L, path, line, s, n);
+    int ok;
+    en_status st = utf8_check(L, path, line, s, n, &ok);
+    return ok ? add_text(L, path, line, s, n) : st;
 }
 
 static en_status load_txt(loader *L, const char *path, const char *buf, size_t len) {
@@ -581,13 +597,95 @@ static en_status load_txt(loader *L, const char *path, const char *buf, size_t l
     return EN_OK;
 }
 
-static en_status load_file(loader *L, const char *path) {
+/* Append part [0, n) to t at *at, after a blank line unless t is empty. */
+static void put_part(char *t, size_t *at, const char *part, size_t n) {
+    if (n == 0) return;
+    if (*at > 0) t[(*at)++] = '\n', t[(*at)++] = '\n';
+    memcpy(t + *at, part, n);
+    *at += n;
+}
+
+/* One document's text out of a read .md or .html file, as the indexer
+ * reads it (rag/docs.c: tags and <script>/<style> removed, entities
+ * decoded, markdown's '#' heading markers dropped): each section's title on
+ * its own, then its paragraphs, blank lines between them. Owned; *n its
+ * length. NULL on OOM. */
+static char *doc_text(const en_doc *d, size_t *n) {
+    /* bound: put_part writes each part's bytes plus at most 2 of separator,
+     * so the sum of (len + 2) over titles and paragraphs, plus the NUL */
+    size_t cap = 1;
+    for (int i = 0; i < d->n_sections; i++) cap += strlen(d->sections[i].title) + 2;
+    for (int i = 0; i < d->n_paras; i++) cap += d->paras[i].len + 2;
+    char *t = en_malloc(cap);
+    if (!t) return NULL;
+    size_t at = 0;
+    int next_sec = 0; /* the titles of the sections before it are out */
+    for (int i = 0; i <= d->n_paras; i++) {
+        /* a section's title goes before its first paragraph; titles of
+         * sections with none (a heading right after a heading) still count */
+        int upto = i < d->n_paras ? d->paras[i].section : d->n_sections - 1;
+        for (; next_sec <= upto; next_sec++)
+            put_part(t, &at, d->sections[next_sec].title, strlen(d->sections[next_sec].title));
+        if (i < d->n_paras) put_part(t, &at, d->paras[i].text, d->paras[i].len);
+    }
+    t[at] = 0;
+    *n = at;
+    return t;
+}
+
+/* A .md or .html file, one document: read by rag/docs.c's reader of that
+ * kind, so that a file trains on the text `energon index` retrieves from it. */
+static en_status load_doc(loader *L, const char *path, en_doc_kind kind, const char *buf,
+                          size_t len) {
+    int ok;
+    en_status st = utf8_check(L, path, 1, buf, len, &ok);
+    if (!ok) return st;
+    if (memchr(buf, 0, len)) return bad(L, path, 1, "a NUL byte: a binary file, not text");
+    en_doc doc;
+    en_err derr = {0};
+    if (en_doc_read(path, kind, (const unsigned char *)buf, len, &doc, &derr) != EN_OK) {
+        en_doc_deinit(&doc);
+        if (derr.status == EN_ERR_NOMEM) return EN_ERR(L->err, EN_ERR_NOMEM, "%s", derr.msg);
+        return bad(L, path, 1, "%s", derr.msg);
+    }
+    size_t n = 0;
+    char *text = doc_text(&doc, &n);
+    en_doc_deinit(&doc);
+    if (!text) return EN_ERR(L->err, EN_ERR_NOMEM, "%s: out of memory", path);
+    if (is_blank(text, n))
+        st = EN_ERR(L->err, EN_ERR_FORMAT, "%s: no text (only %s)", path,
+                    kind == EN_DOC_HTML ? "tags" : "blank lines");
+    else
+        st = add_text(L, path, 1, text, n);
+    en_free(text);
+    return st;
+}
+
+/* The data format of a file name (after a ".gz"): .jsonl records, or a
+ * document kind of rag/docs.h (.txt, .md/.markdown, .html/.htm); -1 for any
+ * other. */
+enum { FMT_JSONL = 100 };
+static int data_format(const char *path) {
     size_t plen = strlen(path);
     size_t base = has_suffix(path, plen, ".gz") ? plen - 3 : plen;
-    int jsonl = has_suffix(path, base, ".jsonl");
-    if (!jsonl && !has_suffix(path, base, ".txt"))
+    if (has_suffix(path, base, ".jsonl")) return FMT_JSONL;
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    char stem[256]; /* the last name without ".gz": en_doc_kind_of reads its extension */
+    size_t n = (size_t)(path + base - name);
+    if (n >= sizeof stem) n = sizeof stem - 1; /* keeps the extension of all but absurd names */
+    memcpy(stem, path + base - n, n);
+    stem[n] = 0;
+    en_doc_kind k = en_doc_kind_of(stem);
+    return k == EN_DOC_TXT || k == EN_DOC_MD || k == EN_DOC_HTML ? (int)k : -1;
+}
+
+static en_status load_file(loader *L, const char *path) {
+    int fmt = data_format(path);
+    if (fmt < 0)
         return EN_ERR(L->err, EN_ERR_ARG,
-                      "%s: unknown data format (expected .txt or .jsonl, optionally .gz)", path);
+                      "%s: unknown data format (expected .txt, .jsonl, .md or .html, "
+                      "optionally .gz)", path);
     char *buf = NULL;
     size_t len = 0;
     EN_TRY(en_file_read_all(path, &buf, &len, L->err));
@@ -596,11 +694,62 @@ static en_status load_file(loader *L, const char *path) {
     en_status st;
     if (len == 0)
         st = EN_ERR(L->err, EN_ERR_FORMAT, "%s: empty file", path);
+    else if (fmt == FMT_JSONL)
+        st = load_jsonl(L, path, s, len);
+    else if (fmt == EN_DOC_TXT)
+        st = load_txt(L, path, s, len);
     else
-        st = jsonl ? load_jsonl(L, path, s, len) : load_txt(L, path, s, len);
+        st = load_doc(L, path, (en_doc_kind)fmt, s, len);
     en_free(buf);
     if (st == EN_OK) L->ds->stats.n_files++;
     return st;
+}
+
+static int by_name(const struct dirent **a, const struct dirent **b) {
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+/* Every data file under the directory dir, in byte order of names, its
+ * subdirectories included (depth levels at most). Names starting with '.'
+ * (.git, editor files) and symbolic links to directories are passed over;
+ * files of other formats are counted in n_files_skipped. */
+static en_status load_dir(loader *L, const char *dir, int depth) {
+    struct dirent **ents = NULL;
+    int n = scandir(dir, &ents, NULL, by_name);
+    if (n < 0) return EN_ERR(L->err, EN_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+    en_status st = EN_OK;
+    for (int i = 0; i < n; i++) {
+        const char *name = ents[i]->d_name;
+        if (st != EN_OK || name[0] == '.') continue;
+        char *p = en_path_join(dir, name);
+        struct stat lsb, sb;
+        if (!p)
+            st = EN_ERR(L->err, EN_ERR_NOMEM, "%s: out of memory", dir);
+        else if (lstat(p, &lsb) == 0 && S_ISDIR(lsb.st_mode))
+            st = depth > 0 ? load_dir(L, p, depth - 1)
+                           : EN_ERR(L->err, EN_ERR_ARG, "%s: directories nested too deep", p);
+        else if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && data_format(p) >= 0)
+            st = load_file(L, p);
+        else
+            L->ds->stats.n_files_skipped++;
+        en_free(p);
+    }
+    for (int i = 0; i < n; i++) free(ents[i]);
+    free(ents);
+    return st;
+}
+
+/* A --data argument: a file, or a directory of them. */
+static en_status load_path(loader *L, const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return load_file(L, path);
+    int64_t before = L->ds->stats.n_files;
+    EN_TRY(load_dir(L, path, 32));
+    if (L->ds->stats.n_files == before)
+        return EN_ERR(L->err, EN_ERR_FORMAT,
+                      "%s: a directory with no data file (.txt, .jsonl, .md or .html, "
+                      "optionally .gz) in it", path);
+    return EN_OK;
 }
 
 /* ---- packing ---- */
@@ -732,7 +881,7 @@ en_status en_dataset_create(const char *const *files, int n_files, const en_toke
     loader L = {ds, tok, plain ? plain : cfg->chat_template, err};
     en_status st = EN_OK;
     for (int i = 0; i < n_files && st == EN_OK; i++)
-        st = load_file(&L, files[i]);
+        st = load_path(&L, files[i]);
     en_chat_template_destroy(plain);
     ds->cfg.rewrite = NULL; /* borrowed for en_dataset_create only */
     ds->cfg.rewrite_ctx = NULL;
@@ -822,6 +971,7 @@ static en_status take_records(const en_dataset *ds, const uint8_t *side, int whi
         d->n_tok += r.len;
     }
     d->stats.n_files = ds->stats.n_files;
+    d->stats.n_files_skipped = ds->stats.n_files_skipped;
     en_status st = pack(d, err);
     if (st != EN_OK) {
         en_dataset_destroy(d);

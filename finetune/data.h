@@ -6,10 +6,21 @@
  * caller reports en_dataset_stats().
  *
  * Input formats, chosen by file extension (after removing ".gz"; gzip files
- * are inflated transparently):
+ * are inflated transparently). A path that is a directory stands for every
+ * file of these formats under it, in byte order of their names (subdirectories
+ * included; names starting with '.' and symbolic links to directories passed
+ * over; files of other formats counted in n_files_skipped, and none at all
+ * is an error):
  *   .txt    one document per file, or with doc_sep_blank documents separated
  *           by blank (whitespace-only) lines. A document is its text without
  *           the trailing newline; a UTF-8 byte order mark is skipped.
+ *   .md .markdown .html .htm
+ *           one document per file: its text as rag/docs.c reads it for
+ *           `energon index` (HTML tags, <script> and <style> removed and
+ *           entities decoded; markdown heading markers dropped, the rest
+ *           kept as written), each heading and paragraph separated by a
+ *           blank line. doc_sep_blank does not apply. A file with a NUL byte
+ *           or no text left is refused.
  *   .jsonl  one JSON object per line (blank lines allowed, unknown extra
  *           fields ignored), each one of
  *             {"text": "..."}
@@ -110,6 +121,7 @@ en_data_config en_data_config_default(void);
 
 typedef struct en_data_stats {
     int64_t n_files;
+    int64_t n_files_skipped;  /* files of other formats in --data directories */
     int64_t n_records;        /* documents and records kept */
     int64_t n_bad_skipped;    /* malformed records skipped (skip_bad_records) */
     int64_t n_truncated;      /* records cut to seq_len + 1 tokens */

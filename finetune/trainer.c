@@ -33,6 +33,7 @@
 #include "checkpoint.h"
 #include "ground_data.h"
 #include "report.h"
+#include "run_dir.h"
 
 #define STATE_MAGIC "energon-trainer-state"
 #define STATE_VERSION 1
@@ -509,9 +510,14 @@ static void run_free(run *r) {
 static void print_stats(const char *what, const en_dataset *ds, int seq_len) {
     const en_data_stats *st = en_dataset_stats(ds);
     en_log(EN_LOG_INFO,
-           "%s: %lld records, %lld tokens (%lld trained) in %lld windows of %d tokens%s", what,
-           (long long)st->n_records, (long long)st->n_tokens, (long long)st->n_trained_tokens,
-           (long long)st->n_windows, seq_len, "");
+           "%s: %lld records, %lld tokens (%lld trained) in %lld windows of %d tokens, from %lld "
+           "file(s)", what, (long long)st->n_records, (long long)st->n_tokens,
+           (long long)st->n_trained_tokens, (long long)st->n_windows, seq_len,
+           (long long)st->n_files);
+    if (st->n_files_skipped)
+        en_log(EN_LOG_WARN,
+               "%s: passed over %lld files of other formats in data directories (read: .txt, "
+               ".jsonl, .md, .html, optionally .gz)", what, (long long)st->n_files_skipped);
     if (st->n_bad_skipped)
         en_log(EN_LOG_WARN, "%s: skipped %lld malformed records (first: %s)", what,
                (long long)st->n_bad_skipped,
@@ -659,7 +665,7 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     /* data */
     en_data_config dc = cfg->data_cfg;
     dc.chat_template = r->tmpl;
-    en_log(EN_LOG_INFO, "reading %d training file(s); tokenizer %s; chat template %s",
+    en_log(EN_LOG_INFO, "reading %d --data path(s); tokenizer %s; chat template %s",
            cfg->n_data, en_tokenizer_file(r->tok), en_chat_template_describe(r->tmpl));
     if ((s = load_datasets(r, cfg, &dc, err)) != EN_OK) goto fail;
     if (cfg->n_val_data == 0 && cfg->val_fraction > 0) {
@@ -737,7 +743,10 @@ en_status en_finetune_run(const en_finetune_config *cfg, int resume, volatile si
     r->epoch = 0;
     r->cursor = 0;
     s = EN_OK;
-    if (r->main) s = en_mkdir_p(cfg->run_dir, err);
+    /* Only now, with the model and data loaded, may an old run be cleared
+     * out (--overwrite): a failure before this point leaves it as it was. */
+    if (r->main && !resume) s = en_run_dir_prepare(cfg->run_dir, cfg->overwrite, err);
+    if (s == EN_OK && r->main) s = en_mkdir_p(cfg->run_dir, err);
     if (s == EN_OK && resume) s = load_checkpoint(r, err);
     if (s == EN_OK && !resume && r->main) s = config_save(cfg, err);
     /* one rank's failure (a bad file, no checkpoint) ends every rank */

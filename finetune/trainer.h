@@ -34,6 +34,12 @@ typedef struct en_finetune_config {
     int n_val_data;
     double val_fraction; /* used when no val_data; 0 = no validation */
     const char *run_dir;
+    /* A new run starts only in an absent or empty run_dir (run_dir.h); one
+     * holding an old run is refused unless overwrite is set, which removes
+     * that run's files once the model and data have loaded (nothing is
+     * removed when they fail). A directory holding other files is always
+     * refused. Ignored with resume; not saved in run.json. */
+    int overwrite;
     uint64_t seed;
     int batch;            /* sequences per micro-batch */
     int64_t batch_tokens; /* tokens per optimizer step (accumulation); 0 = one micro-batch */

@@ -9,8 +9,10 @@
  *       padded, truncated), chat records for each template, mixed files,
  *       loss masks and train_on_all, against windows computed here by a
  *       token-by-token reference packer from independently encoded records;
- *   (d) gzip input equals plain input; deterministic epoch orders; the
- *       validation split (deterministic, disjoint, complete);
+ *   (d) gzip input equals plain input; .md and .html files (read by
+ *       rag/docs.c) equal a .txt of their text without markup, and a
+ *       directory equals its data files in name order; deterministic epoch
+ *       orders; the validation split (deterministic, disjoint, complete);
  *   (e) every error path (FILE:LINE and the problem in the message), skip
  *       counting, invalid UTF-8, and random garbage that must not crash;
  *   (f) Jinja templates (the model's own): chat, content-part and
@@ -884,6 +886,87 @@ static void test_gzip(const en_tokenizer *tok) {
     free(t);
 }
 
+static void expect_error(const en_tokenizer *tok, const char *name, const char *body, size_t len,
+                         const en_data_config *cfg, en_status want, int line, const char *needle);
+
+/* .md and .html read as `energon index` reads them (rag/docs.c): each gives
+ * the windows of a .txt holding its text without markup; a directory gives
+ * its data files' windows in name order and counts the others. */
+static void test_documents(const en_tokenizer *tok) {
+    static const char html[] =
+        "<!DOCTYPE html>\n<html><head><title>Guide</title><style>p { color: red }</style>"
+        "<script>var x = \"<b>not text</b>\";</script></head>\n<body><h1>Moving crates</h1>\n"
+        "<p>The <b>robot</b> moves crate 3 &amp; waits.</p><div>Then it rests.</div>\n"
+        "<!-- a comment --></body></html>\n";
+    static const char html_text[] =
+        "Guide\n\nMoving crates\n\nThe robot moves crate 3 & waits.\n\nThen it rests.";
+    static const char md[] = "# Shelf rules\n\nThe robot moves *crate 5*.\n\n## Empty heading\n"
+                             "## Next ##\n\n```\ncode stays\n```\n";
+    static const char md_text[] = "Shelf rules\n\nThe robot moves *crate 5*.\n\nEmpty heading"
+                                  "\n\nNext\n\n```\ncode stays\n```";
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s/docs", g_dir);
+    mkdir(sub, 0700);
+    write_str(path_in("docs/b_page.html"), html);
+    write_str(path_in("docs/a_notes.md"), md);
+    write_str(path_in("docs/skip.pdf"), "%PDF-1.4");
+    write_str(path_in("docs/.hidden.txt"), "not read");
+    write_gz(path_in("notes.md.gz"), md, strlen(md));
+    write_str(path_in("html.txt"), html_text);
+    write_str(path_in("md.txt"), md_text);
+    const struct {
+        const char *doc, *txt;
+    } pairs[] = {{"docs/b_page.html", "html.txt"}, {"docs/a_notes.md", "md.txt"},
+                 {"notes.md.gz", "md.txt"}};
+    en_data_config cfg = cfg_with(8);
+    en_err err;
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char doc[512];
+        snprintf(doc, sizeof doc, "%s", path_in(pairs[i].doc));
+        const char *a_files[] = {doc}, *b_files[] = {path_in(pairs[i].txt)};
+        en_dataset *a = NULL, *b = NULL;
+        CHECK(make(a_files, 1, tok, &cfg, &a, &err) == EN_OK, "%s: %s", pairs[i].doc, err.msg);
+        CHECK(make(b_files, 1, tok, &cfg, &b, &err) == EN_OK, "%s: %s", pairs[i].txt, err.msg);
+        if (a && b)
+            CHECK(same_windows(a, b) && en_dataset_stats(a)->n_records == 1,
+                  "%s gives the windows of its text without markup (%lld vs %lld windows)",
+                  pairs[i].doc, (long long)en_dataset_n_windows(a),
+                  (long long)en_dataset_n_windows(b));
+        en_dataset_destroy(a);
+        en_dataset_destroy(b);
+    }
+    /* the directory: a_notes.md then b_page.html; skip.pdf counted, .hidden.txt not read */
+    char dir[512], f1[512], f2[512];
+    snprintf(dir, sizeof dir, "%s", sub);
+    snprintf(f1, sizeof f1, "%s", path_in("docs/a_notes.md"));
+    snprintf(f2, sizeof f2, "%s", path_in("docs/b_page.html"));
+    const char *d_files[] = {dir}, *two[] = {f1, f2};
+    en_dataset *a = NULL, *b = NULL;
+    CHECK(make(d_files, 1, tok, &cfg, &a, &err) == EN_OK, "data directory: %s", err.msg);
+    CHECK(make(two, 2, tok, &cfg, &b, &err) == EN_OK, "its two files: %s", err.msg);
+    if (a && b) {
+        const en_data_stats *st = en_dataset_stats(a);
+        CHECK(same_windows(a, b) && st->n_files == 2 && st->n_files_skipped == 1 &&
+                  st->n_records == 2,
+              "a directory reads its .md and .html in name order (files %lld, skipped %lld, "
+              "records %lld)",
+              (long long)st->n_files, (long long)st->n_files_skipped, (long long)st->n_records);
+    }
+    en_dataset_destroy(a);
+    en_dataset_destroy(b);
+    static const char tags[] = "<html><body><p> </p><script>var a;</script></body></html>";
+    expect_error(tok, "tags.html", tags, strlen(tags), &cfg, EN_ERR_FORMAT, 0,
+                 "no text (only tags)");
+    expect_error(tok, "nul.md", "# a\0b\n", 6, &cfg, EN_ERR_FORMAT, 1, "binary file");
+    expect_error(tok, "latin1.html", "<p>caf\xe9</p>", 11, &cfg, EN_ERR_FORMAT, 1,
+                 "invalid UTF-8");
+    remove(path_in("docs/b_page.html"));
+    remove(path_in("docs/a_notes.md"));
+    remove(path_in("docs/skip.pdf"));
+    remove(path_in("docs/.hidden.txt"));
+    rmdir(sub);
+}
+
 static int is_perm(const int64_t *p, int64_t n) {
     char *seen = calloc((size_t)n, 1);
     int ok = 1;
@@ -1153,7 +1236,8 @@ static void test_errors(const en_tokenizer *tok) {
     expect_error(tok, "corrupt.jsonl.gz", "\x1f\x8b\x08\x00garbage-not-deflate", 24, &cfg,
                  EN_ERR_FORMAT, 0, "gzip");
     mkdir(path_in("adir.txt"), 0700);
-    expect_error(tok, "adir.txt", NULL, 0, &cfg, EN_ERR_IO, 0, "not a regular file");
+    /* a directory is read as one, whatever its name */
+    expect_error(tok, "adir.txt", NULL, 0, &cfg, EN_ERR_FORMAT, 0, "a directory with no data file");
     rmdir(path_in("adir.txt"));
 
     /* config errors */
@@ -1555,7 +1639,9 @@ static void cleanup(void) {
         "mixed.jsonl",    "mixed.jsonl.gz", "docs.txt.gz",      "split.jsonl", "bad.jsonl",
         "bad.txt",        "bad2.txt",       "empty.txt",        "blank.txt",   "empty.jsonl",
         "empty.jsonl.gz", "data.csv",       "corrupt.jsonl.gz", "skip.jsonl",  "skip.txt",
-        "allbad.jsonl",   "fuzz.txt",       "fuzz.jsonl",       "corpus.txt",  "jinja.jsonl"};
+        "allbad.jsonl",   "fuzz.txt",       "fuzz.jsonl",       "corpus.txt",  "jinja.jsonl",
+        "notes.md.gz",    "html.txt",       "md.txt",           "tags.html",   "nul.md",
+        "latin1.html"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         remove(path_in(names[i]));
     if (rmdir(g_dir) != 0) printf("%s: note: could not remove %s\n", NAME, g_dir);
@@ -1580,6 +1666,7 @@ int main(void) {
         test_pc_packing(tok);
         test_chat_and_mixed(tok);
         test_gzip(tok);
+        test_documents(tok);
         test_order(tok);
         test_split(tok);
         test_errors(tok);

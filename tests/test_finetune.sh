@@ -8,6 +8,10 @@
 #     back to the previous one, and the losses still match;
 #  3. bad training input stops with file:line messages (or is skipped and
 #     counted with --skip-bad-records); a model without a tokenizer is refused;
+#     --out onto a run is refused (exit 2, unchanged) unless --overwrite, which
+#     starts a fresh run; a directory holding a user's file is never written;
+#     .html and .md data (a file or a directory) train on their text without
+#     markup, as `energon index` reads them;
 #  4. (needs ../shared) LoRA on stories260K lowers the loss of a held-out text
 #     it has never seen; the exported merged model scores exactly what base +
 #     adapter scores;
@@ -153,6 +157,82 @@ expect "resume of a non-run" 1 "not a run directory" -- "$ENERGON" finetune --re
 expect "unknown --chat-template" 2 "--chat-template: unknown chat template \"vicuna\"" -- "$ENERGON" "${FT[@]}" --data "$T/qa.jsonl" --chat-template vicuna --out "$T/x11"
 expect "missing .jinja file" 1 "$T/nope.jinja" -- "$ENERGON" "${FT[@]}" --data "$T/qa.jsonl" --chat-template "$T/nope.jinja" --out "$T/x12"
 expect "--chat-template with --resume" 2 "--resume takes the model" -- "$ENERGON" finetune --resume "$T/ref" --chat-template chatml
+
+# 3b. --out onto a directory that is not empty: a run is refused unless
+# --overwrite (then a fresh run: steps from 1, the old checkpoints gone); a
+# user's own file is never written beside or removed, even with --overwrite.
+tree_sum() { (cd "$1" && find . | sort && find . -type f | sort | xargs sha256sum); }
+RA=(--model "$T/base" --data "$T/docs.txt" --doc-sep blank --seq-len 32 --batch 2 --lr 1e-3
+    --threads 2 --seed 11 --eval-every 0)
+R=$T/reuse
+"$ENERGON" finetune "${RA[@]}" --steps 8 --save-every 4 --out "$R" >"$T/reuse.log" 2>&1 ||
+    { bad "run for the --out checks"; tail -3 "$T/reuse.log"; }
+tree_sum "$R" >"$T/reuse.before"
+expect "--out onto a run" 2 "$R holds a run" -- "$ENERGON" finetune "${RA[@]}" --steps 6 --out "$R"
+grep -qF -- "--resume $R, or give --overwrite" "$T/e" && tree_sum "$R" | cmp -s - "$T/reuse.before" &&
+    ok "--out onto a run: it names --resume and --overwrite, and $(grep -c . "$T/reuse.before") entries and checksums are unchanged" ||
+    bad "--out onto a run changed it or did not name --resume / --overwrite"
+cp -r "$R" "$T/reuse_notes"
+echo "my own notes" >"$T/reuse_notes/notes.txt"
+tree_sum "$T/reuse_notes" >"$T/reuse_notes.before"
+expect "--overwrite onto a run beside a user's file" 2 "holds notes.txt" -- \
+    "$ENERGON" finetune "${RA[@]}" --steps 6 --overwrite --out "$T/reuse_notes"
+tree_sum "$T/reuse_notes" | cmp -s - "$T/reuse_notes.before" &&
+    ok "--overwrite refused beside notes.txt: nothing removed or changed" ||
+    bad "--overwrite beside notes.txt changed the directory"
+expect "--overwrite with --resume" 2 "give one of them" -- "$ENERGON" finetune --resume "$R" --overwrite
+"$ENERGON" finetune "${RA[@]}" --steps 6 --save-every 3 --overwrite --out "$R" >"$T/reuse2.log" 2>&1 ||
+    { bad "--overwrite run"; tail -3 "$T/reuse2.log"; }
+steps=$(losses "$R/metrics.jsonl" | cut -d' ' -f1 | paste -sd' ')
+ckpts=$(cd "$R/checkpoints" && ls | paste -sd' ')
+if [ "$steps" = "1 2 3 4 5 6" ] && [ "$ckpts" = "step-00000003 step-00000006" ] &&
+   grep -q '"steps": *6' "$R/run.json"; then
+    ok "--overwrite: a fresh run (steps $steps; checkpoints $ckpts; the old step-00000008 gone)"
+else
+    bad "--overwrite: steps '$steps', checkpoints '$ckpts'"
+fi
+mkdir -p "$T/mine"
+echo "my own notes" >"$T/mine/notes.txt"
+sum=$(sha256sum <"$T/mine/notes.txt")
+expect "--out onto a user's directory" 2 "$T/mine holds notes.txt" -- \
+    "$ENERGON" finetune "${RA[@]}" --steps 2 --out "$T/mine"
+expect "--overwrite onto a user's directory" 2 "$T/mine holds notes.txt" -- \
+    "$ENERGON" finetune "${RA[@]}" --steps 2 --overwrite --out "$T/mine"
+[ "$(ls -A "$T/mine")" = "notes.txt" ] && [ "$(sha256sum <"$T/mine/notes.txt")" = "$sum" ] &&
+    ok "a user's directory: notes.txt untouched, nothing written beside it" ||
+    bad "a user's directory was written into: $(ls -A "$T/mine" | paste -sd' ')"
+mkdir -p "$T/empty_out"
+"$ENERGON" finetune "${RA[@]}" --steps 2 --out "$T/empty_out" >/dev/null 2>&1 && [ -f "$T/empty_out/run.json" ] &&
+    ok "an empty --out directory takes a new run" || bad "a run into an empty directory failed"
+
+# 3c. .md and .html data read as `energon index` reads them: no tags in
+# the trained text, a directory of them trains.
+mkdir -p "$T/pages/sub"
+cat >"$T/pages/guide.html" <<'HTML'
+<!DOCTYPE html>
+<html><head><title>Crate guide</title><style>p { color: red }</style>
+<script>var hidden = "<b>script text</b>";</script></head>
+<body><h1>Moving crates</h1>
+<p>The <b>warehouse</b> robot moves crate 3 to <a href="/s">shelf 2</a> &amp; waits.</p>
+<div>Record 7: the robot moves crate 7 before noon.</div></body></html>
+HTML
+printf '# Shelf rules\n\nThe robot moves crate 5 to shelf 1 before noon.\n' >"$T/pages/sub/rules.md"
+"$ENERGON" finetune --model "$T/base" --data "$T/pages/guide.html" --data "$T/pages/sub/rules.md" \
+    --seq-len 64 --dump-data 4 >"$T/pages.dump" 2>"$T/pages.err" || { bad "--dump-data of .html and .md"; head -3 "$T/pages.err"; }
+# the windows' text (one token overlaps between windows), trained marks removed
+text=$(grep -vE '^(window [0-9]|ids:|train:)' "$T/pages.dump" | sed 's/⟦//g; s/⟧//g' | tr '\n' ' ')
+if printf '%s' "$text" | grep -qF 'The warehouse robot moves crate 3 to shelf 2' &&
+   printf '%s' "$text" | grep -qF 'Moving crates' && printf '%s' "$text" | grep -qF 'Shelf rules' &&
+   ! printf '%s' "$text" | grep -qE '</?(b|a|p|div|h1|title|html|head|body|script|style)[ >]|DOCTYPE|&amp;|script text|color: red|# Shelf'; then
+    ok ".html and .md as data: --dump-data shows their text without tags, scripts, styles or '#'"
+else
+    bad ".html/.md text in --dump-data: $(head -c 300 "$T/pages.dump")"
+fi
+"$ENERGON" finetune --model "$T/base" --data "$T/pages" --seq-len 32 --batch 2 --steps 4 --threads 2 \
+    --eval-every 0 --out "$T/pages_run" >"$T/pages_run.log" 2>&1 &&
+    [ "$(wc -l <"$T/pages_run/metrics.jsonl")" -eq 4 ] && grep -q '"loss":[0-9]' "$T/pages_run/metrics.jsonl" &&
+    ok "a directory of .html and .md trains: 4 steps, $(grep -o '[0-9]* records, [0-9]* tokens' "$T/pages_run.log" | head -1)" ||
+    { bad "a run on a directory of .html and .md"; tail -3 "$T/pages_run.log"; }
 
 # 4. LoRA on stories260K
 S=$SHARED/models/stories260K

@@ -2,13 +2,15 @@
  * fuzz_data.c - libFuzzer target for the fine-tuning data files
  * (finetune/data.c through en_dataset_create): .txt documents, .jsonl
  * records (text, prompt/completion, chat "messages" with content parts,
- * "tools", "tool_calls" and "tool" messages) and both gzipped.
+ * "tools", "tool_calls" and "tool" messages), both gzipped, and .md and
+ * .html documents (read through rag/docs.c).
  *   byte 0: bits 0-1 the file: .txt, .jsonl, .txt.gz, .jsonl.gz; bit 2
  *           doc_sep_blank; bit 3 train_on_all; bit 4 skip_bad_records;
  *           bits 5-6 the template: plain, llama2, chatml (built-in) or a
  *           small Hermes-style Jinja template with tools; bit 7, for a .gz
  *           file: the rest is the gzip file itself (else this harness
- *           gzips the rest)
+ *           gzips the rest); for .txt and .jsonl: the file is .md and
+ *           .html instead
  *   byte 1: seq_len: 2 + b for b < 128 (packing), else 2 + 16 * (b - 128), up
  *           to 2034 (whole chat records)
  *   the rest: the file, written to a temporary file (the loader reads
@@ -25,7 +27,7 @@
  * Seeds: tests/fuzz/corpus/data/ (records of tests/test_data.c and
  * tests/fixtures/data/). Run: tests/fuzz/run.sh 60 data
  */
-// fuzz-sources: finetune/data.c tokenizer/chat.c tokenizer/chat_template.c
+// fuzz-sources: finetune/data.c rag/docs.c tokenizer/chat.c tokenizer/chat_template.c
 // fuzz-sources: tokenizer/chat_tools.c tokenizer/detok.c tokenizer/stop.c
 // fuzz-sources: tokenizer/tokenizer.c tokenizer/tokenizer_spm.cpp tokenizer/tokenizer_gguf.c
 // fuzz-sources: tokenizer/hf_bpe.c tokenizer/hf_decode.c tokenizer/hf_encode.c
@@ -77,11 +79,11 @@ static const char k_hermes[] =
 static en_tokenizer *g_tok;
 static en_chat_template *g_tmpl[4];
 static char g_dir[64];
-static char g_path[4][128];
-static const char *const k_ext[4] = {"txt", "jsonl", "txt.gz", "jsonl.gz"};
+static char g_path[6][128];
+static const char *const k_ext[6] = {"txt", "jsonl", "txt.gz", "jsonl.gz", "md", "html"};
 
 static void cleanup(void) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
         unlink(g_path[i]);
     rmdir(g_dir);
     for (int i = 0; i < 4; i++)
@@ -112,7 +114,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     }
     snprintf(g_dir, sizeof g_dir, "/tmp/en_fuzz_data_XXXXXX");
     if (!mkdtemp(g_dir)) abort();
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
         snprintf(g_path[i], sizeof g_path[i], "%s/data.%s", g_dir, k_ext[i]);
     atexit(cleanup);
     return 0;
@@ -191,8 +193,8 @@ static void check_dataset(const en_dataset *ds, int seq_len) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2 || size > DATA_MAX_INPUT) return 0;
     const uint8_t flags = data[0];
-    const int kind = flags & 3, gz = kind >= 2;
-    const char *path = g_path[kind];
+    const int kind = flags & 3, gz = kind >= 2, doc = !gz && (flags & 0x80);
+    const char *path = g_path[doc ? 4 + kind : kind];
     const uint8_t *body = data + 2;
     size_t n = size - 2;
     if (gz && !(flags & 0x80) ? !write_gz(path, body, n) : !write_plain(path, body, n)) abort();
