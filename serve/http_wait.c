@@ -59,13 +59,18 @@ int http_waiter_park(http_waiter *w) {
     return 1;
 }
 
-void http_waiter_wake(http_waiter *w) {
-    pthread_mutex_lock(&w->mu);
+/* Under w->mu. */
+static void wake_locked(http_waiter *w) {
     w->pending = 1;
     if (w->suspended) {
         w->suspended = 0;
         MHD_resume_connection(w->conn);
     }
+}
+
+void http_waiter_wake(http_waiter *w) {
+    pthread_mutex_lock(&w->mu);
+    wake_locked(w);
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -77,12 +82,16 @@ static void *work_main(void *arg) {
     http_req *r = arg;
     en_server *s = r->srv;
     enum MHD_Result ret = r->work(r);
+    /* One critical section for the result and the wake: the event thread
+     * may see work_running 0 without being woken (it looks before it
+     * parks) and then finish and free r, so nothing here touches r after
+     * the unlock (seen under TSan: the wake after the unlock raced the
+     * next request's allocation of the same memory). */
     pthread_mutex_lock(&r->wait.mu);
     r->work_ret = ret;
     r->work_running = 0;
+    wake_locked(&r->wait);
     pthread_mutex_unlock(&r->wait.mu);
-    /* The event thread may finish and free r as soon as this wakes it. */
-    http_waiter_wake(&r->wait);
     srv_worker_end(s);
     return NULL;
 }

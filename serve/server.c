@@ -790,10 +790,23 @@ void en_server_stop(en_server *s, double grace_s) {
     pthread_mutex_unlock(&s->mu);
     if (cut) usleep(100 * 1000); /* time for those answers to be written */
     /* 4. Offloaded handlers still running (an adapter load, say) hold
-     * their connection's state: MHD_stop_daemon would free it under them. */
+     * their connection's state: MHD_stop_daemon would free it under them.
+     * They get 30 s; one stuck past that (a read from a hung network
+     * mount) would hold the process forever, so the server is then left
+     * running under it, unfreed, for the process to exit around. */
     pthread_mutex_lock(&s->mu);
-    while (s->workers > 0) pthread_cond_wait(&s->cv, &s->mu);
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
+    while (s->workers > 0)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0) break;
+    int stuck = s->workers;
     pthread_mutex_unlock(&s->mu);
+    if (stuck > 0) {
+        en_log(EN_LOG_ERROR, "serve: %d request handler(s) still blocked 30 s after the grace "
+                             "period; exiting without closing their connections",
+               stuck);
+        return;
+    }
     /* 5. An answer is queued before its request stops counting as active,
      * and written by its event thread after that: let the connections that
      * are still being answered finish writing (and close, when the client

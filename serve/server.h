@@ -65,7 +65,9 @@ void en_server_set_engine(en_server *s, en_engine *e, const en_tokenizer *tok,
 int en_server_port(const en_server *s); /* the bound port */
 /* Stop accepting connections, give running requests up to grace_s seconds
  * to finish (then cancel them), close everything and free s. NULL is a
- * no-op. Does not destroy the engine (the caller does that afterwards). */
+ * no-op. Does not destroy the engine (the caller does that afterwards).
+ * A request handler still blocked 30 s later (a read that never returns)
+ * is logged and s is left unfreed, for the process to exit around. */
 void en_server_stop(en_server *s, double grace_s);
 
 #endif /* EN_SERVER_H */
