@@ -3,10 +3,10 @@
 # first piece) against independent Python: byte and line ranges of txt / md
 # passages, chunk sizes and overlaps, the HTML text against an html.parser
 # extraction, the BM25 ranking against a float64 BM25 with FTS5's formula,
-# incremental updates, a crash in the middle of an update (EN_INDEX_FAIL_AFTER,
-# and a SIGKILL), .txt title lines, --docs FILE, and bad input (an empty and an
-# unreadable folder, binary and non-UTF-8 files, a bad .jsonl line). Needs
-# .venv-test/bin/python (scripts/install-deps).
+# a query of many one-letter words, incremental updates, a crash in the middle
+# of an update (EN_INDEX_FAIL_AFTER, and a SIGKILL), .txt title lines, --docs
+# FILE, and bad input (an empty and an unreadable folder, binary and non-UTF-8
+# files, a bad .jsonl line). Needs .venv-test/bin/python (scripts/install-deps).
 set -u
 ENERGON=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -192,6 +192,13 @@ for q in ["Tern gripper suction cups", "vacation days policy", "Bramble fleet so
 c.close()
 rc, out = run("--search", DB, "--query", 'AND "( NEAR * - : ^', "--top-k", "3")
 check(rc == 0, "a query of FTS5 syntax characters is not an error")
+# one-letter words quote to 7 bytes each (' OR "a"'), more than the 3n + 8
+# bytes match_expr once allocated: issue 31's heap overflow
+for q in [" ".join(["a"] * 16), " ".join(["a"] * 4000), " ".join(['a"'] * 2700),
+          "\t".join("x" * 3000)]:
+    rc, out = run("--search", DB, "--query", q, "--top-k", "3")
+    check(rc == 0, "a query of %d one-letter words (%d bytes) is searched: rc %d %s"
+          % (len(q.split()), len(q), rc, out.strip().splitlines()[-1:] if rc else ""))
 
 # (d) incremental updates
 def index():
