@@ -114,6 +114,22 @@ static en_status check_schema(en_index *idx, int create, en_err *err) {
     if (ver != EN_INDEX_SCHEMA_VERSION)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: index schema version %d, this build reads %d",
                       idx->path, ver, EN_INDEX_SCHEMA_VERSION);
+    /* The empty schema is committed on its own, before the first update's
+     * transaction: a file whose first update was killed has it and nothing
+     * else, and would read as a valid empty index. 'complete' is written in
+     * every update's transaction (update_all), so it exists only once one
+     * has committed; 'chunking' is written in the same transaction and
+     * stands for it in indexes made before 'complete' was. A writer goes
+     * on: its update is the rebuild. */
+    if (create) return EN_OK;
+    char *c = query_text(idx, "SELECT count(*) FROM meta WHERE key IN ('complete', 'chunking')",
+                         NULL);
+    int complete = c && atoi(c) > 0;
+    en_free(c);
+    if (!complete)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: an unfinished index (the `energon index` run "
+                      "that made it was interrupted before its first update committed); "
+                      "rebuild it: energon index --docs FOLDER --out %s", idx->path, idx->path);
     return EN_OK;
 }
 
@@ -613,6 +629,9 @@ static en_status update_all(updater *u, const char *const *roots, int n_roots, e
     EN_TRY(exec(idx, "DELETE FROM passages WHERE file_id NOT IN (SELECT id FROM temp.seen);"
                      "DELETE FROM files WHERE id NOT IN (SELECT id FROM temp.seen);", err));
     if (e) EN_TRY(vectors_fill(idx, e, u->stats, err));
+    /* in the update's transaction: readers take the file for an index only
+     * once an update committed (check_schema) */
+    EN_TRY(exec(idx, "INSERT OR REPLACE INTO meta VALUES('complete', '1')", err));
     char *np = query_text(idx, "SELECT count(*) FROM passages", NULL);
     u->stats->passages = np ? atoll(np) : 0;
     en_free(np);

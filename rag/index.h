@@ -60,7 +60,9 @@ en_index_config en_index_config_default(void);
 /* Open the index at path: create = 1 to update it (made when missing),
  * 0 to search it (read-only: SQLITE_OPEN_READONLY). Checks that
  * SQLite has FTS5 and that the file is an energon index of a known schema
- * version. EN_ERR_IO / EN_ERR_FORMAT / EN_ERR_UNSUPPORTED name the path. */
+ * version; with create = 0, also that an update of it has committed (a
+ * file whose first build was killed is EN_ERR_FORMAT, saying to rebuild it).
+ * EN_ERR_IO / EN_ERR_FORMAT / EN_ERR_UNSUPPORTED name the path. */
 en_status en_index_open(const char *path, int create, en_index **out, en_err *err);
 void en_index_destroy(en_index *idx);
 

@@ -4,9 +4,10 @@
 # passages, chunk sizes and overlaps, the HTML text against an html.parser
 # extraction, the BM25 ranking against a float64 BM25 with FTS5's formula,
 # a query of many one-letter words, incremental updates, a crash in the middle
-# of an update (EN_INDEX_FAIL_AFTER, and a SIGKILL), .txt title lines, --docs
-# FILE, and bad input (an empty and an unreadable folder, binary and non-UTF-8
-# files, a bad .jsonl line). Needs .venv-test/bin/python (scripts/install-deps).
+# of an update and of the first build (EN_INDEX_FAIL_AFTER, and a SIGKILL), .txt
+# title lines, --docs FILE, and bad input (an empty and an unreadable folder,
+# binary and non-UTF-8 files, a bad .jsonl line). Needs .venv-test/bin/python
+# (scripts/install-deps).
 set -u
 ENERGON=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -239,6 +240,23 @@ check(rc != 0 and integ == "ok" and rows() == P3,
 rc, out = index()
 check(rc == 0 and "2 changed" in out, "the next run applies the update: " + out.strip())
 
+# (e2) a crash in the middle of the FIRST build (issue 31): the empty schema
+# is committed before the build's transaction, so the file once read as a
+# valid empty index ("no passage matches", exit 0). Readers refuse it, naming
+# it and saying to rebuild; a build over it works.
+DB1 = os.path.join(T, "first.db")
+rc, out = run("--docs", D, "--out", DB1, "--chunk-tokens", str(N), "--overlap", str(M),
+              env={"EN_INDEX_FAIL_AFTER": "1"})
+rc2, out2 = run("--search", DB1, "--query", "vacation days")
+check(rc != 0 and rc2 == 1 and DB1 in out2 and "rebuild" in out2,
+      "abort() inside the first build: --search refuses the file: rc %d, %s" % (rc2, out2.strip()))
+rc, out = run("--docs", D, "--out", DB1, "--chunk-tokens", str(N), "--overlap", str(M))
+rc2, out2 = run("--search", DB1, "--query", "vacation days")
+same = sorted(r[1:] for r in rows(DB1)) == sorted(r[1:] for r in rows())
+check(rc == 0 and " added, 0 changed" in out and rc2 == 0 and "(passage " in out2 and same,
+      "a build over it works, its passages those of the index of the same files: " +
+      out.strip())
+
 # (f) bad input
 bad = os.path.join(T, "bad")
 os.makedirs(bad)
@@ -369,7 +387,27 @@ for i in range(300):
             f.write(" ".join("%s%d" % (rng.choice(vocab), rng.randrange(3000))
                              for _ in range(80)) + ".\n\n")
 DBK = os.path.join(T, "kill.db")
+def kill_mid_build(db):
+    """Start a build into db, SIGKILL it once its journal exists; rc, hot"""
+    p = subprocess.Popen([energon, "index", "--docs", K, "--out", db],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while not os.path.exists(db + "-journal") and p.poll() is None and time.time() - t0 < 30:
+        time.sleep(0.001)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGKILL)
+    rc = p.wait()
+    return rc, os.path.exists(db + "-journal") and os.path.getsize(db + "-journal") > 0
+# the FIRST build killed: no committed build, so readers refuse the file
+rc, hot = kill_mid_build(DBK)
+check(rc == -signal.SIGKILL and hot, "SIGKILL mid first build: killed (rc %d), a hot journal "
+      "left (%s)" % (rc, hot))
+rc, out = run("--search", DBK, "--query", "tern12", "--top-k", "5")
+check(rc == 1 and DBK in out and "rebuild" in out and not os.path.exists(DBK + "-journal"),
+      "after it --search rolls the journal back and refuses the file: rc %d, %s"
+      % (rc, out.strip()))
 rc, out = run("--docs", K, "--out", DBK)
+check(rc == 0 and "files 300 added" in out, "a build over it works: " + out.strip())
 before_rows = rows(DBK)
 q = ["--search", DBK, "--query", "tern12 wren7 badge99", "--top-k", "5"]
 before_search = run(*q)
@@ -377,15 +415,7 @@ for i in range(300):
     with open(os.path.join(K, "f%03d.txt" % i), "a") as f:
         f.write("Changed for the kill test.\n")
 before_bytes = open(DBK, "rb").read()
-p = subprocess.Popen([energon, "index", "--docs", K, "--out", DBK],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-t0 = time.time()
-while not os.path.exists(DBK + "-journal") and p.poll() is None and time.time() - t0 < 30:
-    time.sleep(0.001)
-time.sleep(0.2)
-p.send_signal(signal.SIGKILL)
-rc = p.wait()
-hot = os.path.exists(DBK + "-journal") and os.path.getsize(DBK + "-journal") > 0
+rc, hot = kill_mid_build(DBK)
 changed = open(DBK, "rb").read() != before_bytes
 check(rc == -signal.SIGKILL and hot, "SIGKILL mid-update: killed (rc %d), a hot journal left "
       "(%s), the index file %s" % (rc, hot, "already written" if changed else "not yet written"))
