@@ -663,15 +663,37 @@ en_status en_index_update(en_index *idx, const char *const *roots, int n_roots,
 
 static int is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
-/* Write the MATCH expression of q[0..n) to out (NULL: only count) and
- * return its length without the NUL. One function for both passes, so that
- * the size counted is the size written: a word of L bytes with d quotes
- * becomes " OR " + '"' + L + d + '"' (d < L: a word has a letter), at most
- * 3.5 bytes per byte of input with its separator (one-letter words, 7 out
- * for 2 in: more than the 3n + 8 once allocated here, issue 31). */
-static size_t match_write(const char *q, size_t n, char *out) {
-    size_t len = 0, i = 0;
-#define PUT(c) (out ? (void)(out[len] = (c)) : (void)0, len++)
+/* A word of the query: q[at, at + len), its ordinal, and whether an
+ * earlier word is the same (ASCII letters compared without case). */
+typedef struct query_word {
+    const char *p;
+    size_t len, ordinal;
+    int repeat;
+} query_word;
+
+static int fold(unsigned char c) { return c >= 'A' && c <= 'Z' ? c | 32 : c; }
+
+/* By the word's bytes (ASCII case folded), then by ordinal. */
+static int by_folded(const void *pa, const void *pb) {
+    const query_word *a = pa, *b = pb;
+    for (size_t i = 0; i < a->len && i < b->len; i++) {
+        int d = fold((unsigned char)a->p[i]) - fold((unsigned char)b->p[i]);
+        if (d) return d;
+    }
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return a->ordinal < b->ordinal ? -1 : a->ordinal > b->ordinal;
+}
+
+/* The words of q[0..n) with a letter or digit (*n_words of them, in order,
+ * en_malloc'd; NULL with *n_words 0 for none or out of memory: *oom says
+ * which), each repeat of an earlier one marked. */
+static query_word *query_words(const char *q, size_t n, size_t *n_words, int *oom) {
+    *n_words = 0, *oom = 0;
+    /* a word and its separator take two bytes at least: k <= n / 2 + 1 */
+    if (n / 2 + 1 > SIZE_MAX / sizeof(query_word)) return *oom = 1, NULL;
+    query_word *w = en_malloc((n / 2 + 1) * sizeof *w), *sorted = NULL;
+    if (!w) return *oom = 1, NULL;
+    size_t k = 0, i = 0;
     while (i < n) {
         while (i < n && is_space(q[i])) i++;
         size_t a = i;
@@ -680,15 +702,46 @@ static size_t match_write(const char *q, size_t n, char *out) {
             unsigned char c = (unsigned char)q[i++];
             word |= (c >= 0x80 || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'));
         }
-        if (!word) continue;
+        if (word) w[k] = (query_word){q + a, i - a, k, 0}, k++;
+    }
+    if (k > 1 && !(sorted = en_malloc(k * sizeof *sorted))) {
+        en_free(w);
+        return *oom = 1, NULL;
+    }
+    if (k > 1) {
+        memcpy(sorted, w, k * sizeof *w);
+        qsort(sorted, k, sizeof *sorted, by_folded);
+        for (size_t j = 1; j < k; j++) {
+            query_word a = sorted[j - 1], b = sorted[j];
+            a.ordinal = b.ordinal = 0; /* equal words compare 0 without their ordinals */
+            if (by_folded(&a, &b) == 0) w[sorted[j].ordinal].repeat = 1;
+        }
+        en_free(sorted);
+    }
+    if (!k) en_free(w);
+    *n_words = k;
+    return w;
+}
+
+/* Write the MATCH expression of words[0..n) to out (NULL: only count) and
+ * return its length without the NUL. One function for both passes, so that
+ * the size counted is the size written: a word of L bytes with d quotes
+ * becomes " OR " + '"' + L + d + '"' (d < L: a word has a letter), at most
+ * 3.5 bytes per byte of input with its separator (one-letter words, 7 out
+ * for 2 in: more than the 3n + 8 once allocated here, issue 31). */
+static size_t match_write(const query_word *words, size_t n, char *out) {
+    size_t len = 0;
+#define PUT(c) (out ? (void)(out[len] = (c)) : (void)0, len++)
+    for (size_t i = 0; i < n; i++) {
+        if (words[i].repeat) continue;
         if (len) {
             if (out) memcpy(out + len, " OR ", 4);
             len += 4;
         }
         PUT('"');
-        for (size_t k = a; k < i; k++) {
-            if (q[k] == '"') PUT('"');
-            PUT(q[k]);
+        for (size_t k = 0; k < words[i].len; k++) {
+            if (words[i].p[k] == '"') PUT('"');
+            PUT(words[i].p[k]);
         }
         PUT('"');
     }
@@ -696,18 +749,29 @@ static size_t match_write(const char *q, size_t n, char *out) {
     return len;
 }
 
-/* The MATCH expression of a query: each word quoted ("" inside), OR-ed;
- * words with no letter or digit are left out. NULL on OOM (or a query over
- * SIZE_MAX / 4 bytes, whose count could wrap); "" for none. */
+/* The MATCH expression of a query: each word quoted ("" inside), OR-ed,
+ * once: a repeat of an earlier word (ASCII letters compared without case,
+ * as FTS5 folds them) is left out, as are words with no letter or digit.
+ * Why once: FTS5's bm25() costs about the square of the phrases that match
+ * a row (4096 one-letter words took 13 s of CPU on a 77-passage index,
+ * against 0.01 s for the word once), so repeats were a cheap way to pin a
+ * server thread; and a word said twice is no stronger evidence of what the
+ * user means. NULL on OOM (or a query over SIZE_MAX / 4 bytes, whose count
+ * could wrap); "" for none. */
 static char *match_expr(const char *q) {
-    size_t n = strlen(q);
+    size_t n = strlen(q), k = 0;
     if (n > SIZE_MAX / 4) return NULL; /* the count is at most 3.5 n + 1 */
-    size_t len = match_write(q, n, NULL);
+    int oom = 0;
+    query_word *words = query_words(q, n, &k, &oom);
+    if (oom) return NULL;
+    size_t len = match_write(words, k, NULL);
     char *out = en_malloc(len + 1);
-    if (!out) return NULL;
-    size_t w = match_write(q, n, out);
-    EN_ASSERT(w == len);
-    out[w] = 0;
+    if (out) {
+        size_t w = match_write(words, k, out);
+        EN_ASSERT(w == len);
+        out[w] = 0;
+    }
+    en_free(words);
     return out;
 }
 
