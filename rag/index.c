@@ -663,8 +663,9 @@ en_status en_index_update(en_index *idx, const char *const *roots, int n_roots,
 
 static int is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
-/* A word of the query: q[at, at + len), its ordinal, and whether an
- * earlier word is the same (ASCII letters compared without case). */
+/* A word of the query: p[0, len) (pointing into the query), its ordinal,
+ * and whether an earlier word is the same (ASCII letters compared without
+ * case). */
 typedef struct query_word {
     const char *p;
     size_t len, ordinal;
