@@ -6,6 +6,7 @@
 #include "index.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -664,35 +665,118 @@ en_status en_index_update(en_index *idx, const char *const *roots, int n_roots,
 static int is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 /* A word of the query: p[0, len) (pointing into the query), its ordinal,
- * and whether an earlier word is the same (ASCII letters compared without
- * case). */
+ * the key it is compared by (below) and whether an earlier word has the
+ * same key. */
 typedef struct query_word {
     const char *p;
     size_t len, ordinal;
+    const char *key;
+    size_t key_off, key_len;
     int repeat;
 } query_word;
 
-static int fold(unsigned char c) { return c >= 'A' && c <= 'Z' ? c | 32 : c; }
-
-/* By the word's bytes (ASCII case folded), then by ordinal. */
-static int by_folded(const void *pa, const void *pb) {
+/* By key, then by ordinal. */
+static int by_key(const void *pa, const void *pb) {
     const query_word *a = pa, *b = pb;
-    for (size_t i = 0; i < a->len && i < b->len; i++) {
-        int d = fold((unsigned char)a->p[i]) - fold((unsigned char)b->p[i]);
-        if (d) return d;
-    }
-    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    int d = memcmp(a->key, b->key, a->key_len < b->key_len ? a->key_len : b->key_len);
+    if (d) return d;
+    if (a->key_len != b->key_len) return a->key_len < b->key_len ? -1 : 1;
     return a->ordinal < b->ordinal ? -1 : a->ordinal > b->ordinal;
+}
+
+/* The words' keys, one after another (grown as needed). */
+typedef struct key_buf {
+    char *b;
+    size_t n, cap;
+} key_buf;
+
+static int key_put(key_buf *k, const char *s, size_t n) {
+    if (k->n + n > k->cap) {
+        size_t cap = k->cap ? k->cap : 256;
+        while (cap < k->n + n) cap *= 2; /* n + k->n: bytes of tokens of the query, < 2^62 */
+        char *g = en_realloc(k->b, cap);
+        if (!g) return 0;
+        k->b = g, k->cap = cap;
+    }
+    memcpy(k->b + k->n, s, n);
+    k->n += n;
+    return 1;
+}
+
+/* Each token FTS5's tokenizer gives for a word, then a NUL. */
+static int key_token(void *ctx, int flags, const char *tok, int n, int start, int end) {
+    (void)flags, (void)start, (void)end;
+    return n >= 0 && key_put(ctx, tok, (size_t)n) && key_put(ctx, "", 1) ? SQLITE_OK : SQLITE_NOMEM;
+}
+
+/* The tokenizer of passages_fts (k_schema: unicode61 remove_diacritics 2),
+ * from SQLite's fts5_api; 0 when there is none to be had. */
+static int fts5_tokenizer_open(sqlite3 *db, fts5_tokenizer *mod, Fts5Tokenizer **tok) {
+    static const char *args[2] = {"remove_diacritics", "2"};
+    fts5_api *api = NULL;
+    sqlite3_stmt *st = NULL;
+    void *ud = NULL;
+    *tok = NULL;
+    if (sqlite3_prepare_v2(db, "SELECT fts5(?1)", -1, &st, NULL) != SQLITE_OK) return 0;
+    sqlite3_bind_pointer(st, 1, (void *)&api, "fts5_api_ptr", NULL);
+    sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (!api || api->iVersion < 2 || api->xFindTokenizer(api, "unicode61", &ud, mod) != SQLITE_OK)
+        return 0;
+    return mod->xCreate(ud, args, 2, tok) == SQLITE_OK && *tok;
+}
+
+/* Key every word: the tokens FTS5 reads it as (case and diacritics folded
+ * as the index folds them), so that two words with the same key are the
+ * same phrase to FTS5; without a tokenizer, the word with ASCII letters
+ * folded. Then mark each word whose key an earlier word has. 0 when out of
+ * memory. */
+static int mark_repeats(sqlite3 *db, query_word *w, size_t k) {
+    fts5_tokenizer mod;
+    Fts5Tokenizer *tok = NULL;
+    key_buf kb = {0};
+    int ok = 1, have = fts5_tokenizer_open(db, &mod, &tok);
+    for (size_t i = 0; ok && i < k; i++) {
+        w[i].key_off = kb.n;
+        if (have && w[i].len <= INT_MAX) {
+            ok = mod.xTokenize(tok, &kb, FTS5_TOKENIZE_QUERY, w[i].p, (int)w[i].len,
+                               key_token) == SQLITE_OK;
+        } else {
+            for (size_t j = 0; ok && j < w[i].len; j++) {
+                char c = w[i].p[j];
+                c = c >= 'A' && c <= 'Z' ? (char)(c | 32) : c;
+                ok = key_put(&kb, &c, 1);
+            }
+        }
+        w[i].key_len = kb.n - w[i].key_off;
+    }
+    if (tok) mod.xDelete(tok);
+    query_word *sorted = ok ? en_malloc(k * sizeof *sorted) : NULL;
+    ok = sorted != NULL;
+    if (sorted) {
+        for (size_t i = 0; i < k; i++) w[i].key = kb.b ? kb.b + w[i].key_off : "";
+        memcpy(sorted, w, k * sizeof *w);
+        qsort(sorted, k, sizeof *sorted, by_key);
+        for (size_t j = 1; j < k; j++) {
+            const query_word *a = &sorted[j - 1], *b = &sorted[j];
+            if (a->key_len == b->key_len && !memcmp(a->key, b->key, a->key_len))
+                w[b->ordinal].repeat = 1;
+        }
+    }
+    en_free(sorted);
+    en_free(kb.b);
+    return ok;
 }
 
 /* The words of q[0..n) with a letter or digit (*n_words of them, in order,
  * en_malloc'd; NULL with *n_words 0 for none or out of memory: *oom says
- * which), each repeat of an earlier one marked. */
-static query_word *query_words(const char *q, size_t n, size_t *n_words, int *oom) {
+ * which), each repeat of an earlier one marked (mark_repeats). */
+static query_word *query_words(sqlite3 *db, const char *q, size_t n, size_t *n_words,
+                               int *oom) {
     *n_words = 0, *oom = 0;
     /* a word and its separator take two bytes at least: k <= n / 2 + 1 */
     if (n / 2 + 1 > SIZE_MAX / sizeof(query_word)) return *oom = 1, NULL;
-    query_word *w = en_malloc((n / 2 + 1) * sizeof *w), *sorted = NULL;
+    query_word *w = en_malloc((n / 2 + 1) * sizeof *w);
     if (!w) return *oom = 1, NULL;
     size_t k = 0, i = 0;
     while (i < n) {
@@ -703,21 +787,11 @@ static query_word *query_words(const char *q, size_t n, size_t *n_words, int *oo
             unsigned char c = (unsigned char)q[i++];
             word |= (c >= 0x80 || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'));
         }
-        if (word) w[k] = (query_word){q + a, i - a, k, 0}, k++;
+        if (word) w[k] = (query_word){q + a, i - a, k, NULL, 0, 0, 0}, k++;
     }
-    if (k > 1 && !(sorted = en_malloc(k * sizeof *sorted))) {
+    if (k > 1 && !mark_repeats(db, w, k)) {
         en_free(w);
         return *oom = 1, NULL;
-    }
-    if (k > 1) {
-        memcpy(sorted, w, k * sizeof *w);
-        qsort(sorted, k, sizeof *sorted, by_folded);
-        for (size_t j = 1; j < k; j++) {
-            query_word a = sorted[j - 1], b = sorted[j];
-            a.ordinal = b.ordinal = 0; /* equal words compare 0 without their ordinals */
-            if (by_folded(&a, &b) == 0) w[sorted[j].ordinal].repeat = 1;
-        }
-        en_free(sorted);
     }
     if (!k) en_free(w);
     *n_words = k;
@@ -751,19 +825,19 @@ static size_t match_write(const query_word *words, size_t n, char *out) {
 }
 
 /* The MATCH expression of a query: each word quoted ("" inside), OR-ed,
- * once: a repeat of an earlier word (ASCII letters compared without case,
- * as FTS5 folds them) is left out, as are words with no letter or digit.
+ * once: a repeat of an earlier word (the same tokens to FTS5: case and
+ * diacritics folded) is left out, as are words with no letter or digit.
  * Why once: FTS5's bm25() costs about the square of the phrases that match
  * a row (4096 one-letter words took 13 s of CPU on a 77-passage index,
  * against 0.01 s for the word once), so repeats were a cheap way to pin a
  * server thread; and a word said twice is no stronger evidence of what the
  * user means. NULL on OOM (or a query over SIZE_MAX / 4 bytes, whose count
  * could wrap); "" for none. */
-static char *match_expr(const char *q) {
+static char *match_expr(sqlite3 *db, const char *q) {
     size_t n = strlen(q), k = 0;
     if (n > SIZE_MAX / 4) return NULL; /* the count is at most 3.5 n + 1 */
     int oom = 0;
-    query_word *words = query_words(q, n, &k, &oom);
+    query_word *words = query_words(db, q, n, &k, &oom);
     if (oom) return NULL;
     size_t len = match_write(words, k, NULL);
     char *out = en_malloc(len + 1);
@@ -810,7 +884,7 @@ en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_
         return EN_ERR(err, EN_ERR_ARG, "top_k %d: must be 1..1000", top_k);
     if (en_utf8_first_invalid((const unsigned char *)query, strlen(query)) < strlen(query))
         return EN_ERR(err, EN_ERR_ARG, "the query is not valid UTF-8");
-    char *m = match_expr(query);
+    char *m = match_expr(idx->db, query);
     if (!m) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (!m[0]) {
         en_free(m);

@@ -94,7 +94,8 @@ typedef struct en_index_hit {
 
 /* The top_k (1..1000) passages for a free-text query: its words (runs of
  * non-space), each quoted as an FTS5 phrase, OR-ed, ranked by BM25; a word
- * repeated (ASCII letters compared without case) counts once. A query
+ * repeated (the same tokens to FTS5: case and diacritics folded) counts
+ * once. A query
  * with no word returns none. A query that is not UTF-8 or a top_k out of
  * range is EN_ERR_ARG. *hits is owned by the caller
  * (en_index_hits_free). */
