@@ -29,6 +29,7 @@ static en_status read_gz(const char *path, char **data, size_t *len, en_err *err
     gzFile gz = gzopen(path, "rb");
     if (!gz) return EN_ERR(err, EN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
+    /* bound: n <= cap bytes read, + 1 for the NUL; cap doubles below with the buffer */
     char *buf = en_malloc(cap + 1);
     if (!buf) {
         gzclose(gz);
@@ -36,6 +37,8 @@ static en_status read_gz(const char *path, char **data, size_t *len, en_err *err
     }
     for (;;) {
         if (n == cap) {
+            /* bound: cap * 2 + 1 cannot wrap: cap <= the bytes read so far, far below SIZE_MAX /
+             * 2 */
             char *nb = en_realloc(buf, cap * 2 + 1);
             if (!nb) {
                 en_free(buf);
@@ -89,6 +92,7 @@ en_status en_file_read_all(const char *path, char **data, size_t *len, en_err *e
         return EN_ERR(err, EN_ERR_IO, "%s: not a regular file", path);
     }
     size_t n = (size_t)st.st_size;
+    /* bound: n = st_size, a regular file's size (< SIZE_MAX on 64-bit), + 1 for the NUL */
     char *buf = en_malloc(n + 1);
     if (!buf) {
         fclose(f);
@@ -395,6 +399,7 @@ en_status en_mkdir_p(const char *path, en_err *err) {
 
 char *en_path_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
+    /* bound: dir + '/' + name + NUL; a and b are lengths of strings in memory */
     char *p = en_malloc(a + b + 2);
     if (!p) return NULL;
     memcpy(p, dir, a);

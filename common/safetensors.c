@@ -404,6 +404,7 @@ static en_status index_add_file(en_st_index *idx, const char *fn, size_t len, co
     if (idx->n_files == EN_ST_INDEX_MAX_FILES)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: weight_map['%s']: more than %d distinct shard "
                       "files", path, key, EN_ST_INDEX_MAX_FILES);
+    /* bound: len = strlen(fn), + 1 for the NUL copied with it */
     char *copy = en_malloc(len + 1);
     if (!copy) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
     memcpy(copy, fn, len + 1);

@@ -144,6 +144,7 @@ void *en_calloc(size_t count, size_t size) {
 char *en_strndup(const char *s, size_t n) {
     if (!s) return NULL;
     size_t len = strnlen(s, n);
+    /* bound: len = strnlen(s, n) <= n, + 1 for the NUL */
     char *d = en_malloc(len + 1);
     if (!d) return NULL;
     memcpy(d, s, len);

@@ -18,6 +18,7 @@ void en_strbuf_printf(en_strbuf *b, const char *fmt, ...) {
     if (b->n + (size_t)k + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + (size_t)k + 1) cap *= 2;
+        /* bound: cap >= n + k + 1 (the loop above; n, k < 2^62, so doubling never wraps) */
         char *s = en_realloc(b->s, cap);
         if (!s) {
             b->oom = 1;

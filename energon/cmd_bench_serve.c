@@ -310,6 +310,7 @@ oom:
 static char *with_prefix(const char *prefix, char *p) {
     if (!prefix || !p) return p;
     const size_t a = strlen(prefix), b = strlen(p);
+    /* bound: prefix, ' ', p and the NUL */
     char *out = en_malloc(a + b + 2);
     if (out) {
         memcpy(out, prefix, a);

@@ -90,6 +90,7 @@ static void usage(FILE *f) {
 
 static char *str_dup(const char *s) {
     size_t n = strlen(s) + 1;
+    /* bound: n = strlen(s) + 1, the string and its NUL */
     char *d = en_malloc(n);
     if (d) memcpy(d, s, n);
     return d;

@@ -86,6 +86,8 @@ static size_t citation_len(const char *s) {
  * *words). Returns the count, or -1 when out of memory. */
 static int norm_words(const char *s, int cite, char **buf, char ***words) {
     size_t n = strlen(s), at = 0;
+    /* bound: bytes are only dropped or case-folded: at <= n, + 1 for the NUL; a word and its
+     * separator take 2 bytes, so n / 2 + 1 words */
     char *b = en_malloc(n + 1);
     char **w = en_malloc((n / 2 + 1) * sizeof *w);
     if (!b || !w) {
@@ -130,6 +132,7 @@ static int score_answer(const char *pred, char **gold, int n_gold, qa_score *sc)
     if (n < 0) return -1;
     int same = n == n_gold, common = 0, found = 0;
     for (int i = 0; same && i < n; i++) same = !strcmp(w[i], gold[i]);
+    /* bound: one flag per word of pred (n of them), + 1 so that n = 0 allocates */
     char *used = en_malloc((size_t)n + 1);
     if (!used) {
         en_free(buf);
@@ -397,6 +400,7 @@ static int qa_collect(const qa_run *r, qa_item *q, int with, en_request *req) {
     for (;;) {
         if (!en_request_next(req, &ev, 1.0)) continue;
         if (ev.len) {
+            /* bound: the answer so far, this event's text and the NUL */
             char *t = en_realloc(s, len + ev.len + 1);
             if (!t) {
                 rc = 1;

@@ -96,6 +96,7 @@ static int sink_write(out_sink *o, const char *s, size_t n) {
     }
     if (o->len + n + 1 > o->cap) {
         size_t nc = (o->cap ? o->cap * 2 : 256) + n;
+        /* bound: nc = 2 cap + n >= len + n + 1, as len < cap (or 256 + n when empty) */
         char *nb = realloc(o->buf, nc);
         if (!nb) return 0;
         o->buf = nb;

@@ -10,6 +10,7 @@ int en_sbuf_add(en_sbuf *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
+        /* bound: cap >= len + n + 1 (the loop above): the bytes put and the NUL */
         char *p = en_realloc(b->p, cap);
         if (!p) return 0;
         b->p = p;

@@ -230,6 +230,7 @@ static char *quant_config_text(const en_model *m, const char *fmt_name) {
     char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!s) return NULL;
+    /* bound: "%s\n" is strlen(s) + 1 bytes and the NUL */
     char *out = en_malloc(strlen(s) + 2);
     if (out) snprintf(out, strlen(s) + 2, "%s\n", s);
     free(s);

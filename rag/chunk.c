@@ -69,6 +69,7 @@ static int emit(chunker *c, int pa, int pb, size_t b0, size_t b1, int nw) {
     } else {
         size_t total = 0;
         for (int p = pa; p <= pb; p++) total += d->paras[p].len + 2;
+        /* bound: each paragraph's bytes + 2 for the "\n\n" before the next, + 1 for the NUL */
         text = en_malloc(total + 1);
         if (text) {
             size_t k = 0;

@@ -234,6 +234,7 @@ static int ht_put(html_text *t, const char *s, size_t n, size_t off) {
     if (t->n + n + 1 > t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 256;
         while (cap < t->n + n + 1) cap *= 2;
+        /* bound: cap >= n + len + 1 (the loop above): the bytes put and a NUL */
         char *b = en_realloc(t->b, cap);
         if (!b) return 0;
         t->b = b;
@@ -265,6 +266,7 @@ static int html_end_para(html_state *h) {
     html_text *t = &h->para;
     t->space = 0;
     if (t->n == 0) return 1;
+    /* bound: the paragraph's t->n bytes and a NUL; off[] gets one offset a byte */
     char *text = en_malloc(t->n + 1);
     size_t *off = en_malloc(t->n * sizeof *off);
     if (!text || !off || !add_heap(h->d, text)) {

@@ -36,6 +36,7 @@ static char *content_text(const json_t *c) {
         const char *t = json_string_value(json_object_get(p, "text"));
         if (t) len += strlen(t) + 1;
     }
+    /* bound: each part's length + 1 covers the '\n' between parts (one spare), + 1 for the NUL */
     char *s = en_malloc(len + 1);
     if (!s) return NULL;
     size_t at = 0;
@@ -65,6 +66,7 @@ char *en_ground_query(const json_t *messages) {
 char *en_ground_title(const en_index_hit *h) {
     const char *file = h->file ? h->file : "", *sec = h->section ? h->section : "";
     const size_t cap = strlen(file) + strlen(sec) + 64;
+    /* bound: ", " + " (lines " + two %d of <= 11 + "-" + ")" is 34 < 64 bytes besides them */
     char *s = en_malloc(cap);
     if (!s) return NULL;
     if (*sec)
@@ -81,6 +83,8 @@ char *en_ground_system_text(const en_index_hit *hits, int n) {
         cap += strlen(hits[i].file ? hits[i].file : "") + 64;
         cap += strlen(hits[i].section ? hits[i].section : "");
     }
+    /* bound: a hit's "\n\n[%d] " + title + "\n" is 3 + 10 + 2 + (file + section + 34) + 1
+     * <= the 96 + file + section counted, then its text; sizeof counts the NUL */
     char *s = en_malloc(cap);
     if (!s) return NULL;
     size_t at = (size_t)snprintf(s, cap, "%s", EN_GROUND_INSTRUCTION);
@@ -127,6 +131,7 @@ static json_t *with_system(const json_t *messages, const en_index_hit *hits, int
     if (role && !strcmp(role, "system")) {
         char *old = content_text(json_object_get(first, "content"));
         const size_t cap = (old ? strlen(old) : 0) + strlen(src) + 3;
+        /* bound: "%s\n\n%s" is old + 2 + src bytes and the NUL */
         char *both = old ? en_malloc(cap) : NULL;
         if (both) snprintf(both, cap, "%s\n\n%s", old, src);
         rc = both ? json_object_set_new(first, "content", json_string(both)) : -1;

@@ -6,7 +6,9 @@
 #include "index.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <sqlite3.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +115,22 @@ static en_status check_schema(en_index *idx, int create, en_err *err) {
     if (ver != EN_INDEX_SCHEMA_VERSION)
         return EN_ERR(err, EN_ERR_FORMAT, "%s: index schema version %d, this build reads %d",
                       idx->path, ver, EN_INDEX_SCHEMA_VERSION);
+    /* The empty schema is committed on its own, before the first update's
+     * transaction: a file whose first update was killed has it and nothing
+     * else, and would read as a valid empty index. 'complete' is written in
+     * every update's transaction (update_all), so it exists only once one
+     * has committed; 'chunking' is written in the same transaction and
+     * stands for it in indexes made before 'complete' was. A writer goes
+     * on: its update is the rebuild. */
+    if (create) return EN_OK;
+    char *c = query_text(idx, "SELECT count(*) FROM meta WHERE key IN ('complete', 'chunking')",
+                         NULL);
+    int complete = c && atoi(c) > 0;
+    en_free(c);
+    if (!complete)
+        return EN_ERR(err, EN_ERR_FORMAT, "%s: an unfinished index (the `energon index` run "
+                      "that made it was interrupted before its first update committed); "
+                      "rebuild it: energon index --docs FOLDER --out %s", idx->path, idx->path);
     return EN_OK;
 }
 
@@ -612,6 +630,9 @@ static en_status update_all(updater *u, const char *const *roots, int n_roots, e
     EN_TRY(exec(idx, "DELETE FROM passages WHERE file_id NOT IN (SELECT id FROM temp.seen);"
                      "DELETE FROM files WHERE id NOT IN (SELECT id FROM temp.seen);", err));
     if (e) EN_TRY(vectors_fill(idx, e, u->stats, err));
+    /* in the update's transaction: readers take the file for an index only
+     * once an update committed (check_schema) */
+    EN_TRY(exec(idx, "INSERT OR REPLACE INTO meta VALUES('complete', '1')", err));
     char *np = query_text(idx, "SELECT count(*) FROM passages", NULL);
     u->stats->passages = np ? atoll(np) : 0;
     en_free(np);
@@ -641,31 +662,191 @@ en_status en_index_update(en_index *idx, const char *const *roots, int n_roots,
 
 /* ---- search ---- */
 
-/* The MATCH expression of a query: each word quoted ("" inside), OR-ed;
- * words with no letter or digit are left out. NULL on OOM; "" for none. */
-static char *match_expr(const char *q) {
-    size_t n = strlen(q);
-    char *out = en_malloc(3 * n + 8), *o = out;
-    if (!out) return NULL;
-    size_t i = 0;
+static int is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+/* A word of the query: p[0, len) (pointing into the query), its ordinal,
+ * the key it is compared by (below) and whether an earlier word has the
+ * same key. */
+typedef struct query_word {
+    const char *p;
+    size_t len, ordinal;
+    const char *key;
+    size_t key_off, key_len;
+    int repeat;
+} query_word;
+
+/* By key, then by ordinal. */
+static int by_key(const void *pa, const void *pb) {
+    const query_word *a = pa, *b = pb;
+    int d = memcmp(a->key, b->key, a->key_len < b->key_len ? a->key_len : b->key_len);
+    if (d) return d;
+    if (a->key_len != b->key_len) return a->key_len < b->key_len ? -1 : 1;
+    return a->ordinal < b->ordinal ? -1 : a->ordinal > b->ordinal;
+}
+
+/* The words' keys, one after another (grown as needed). */
+typedef struct key_buf {
+    char *b;
+    size_t n, cap;
+} key_buf;
+
+static int key_put(key_buf *k, const char *s, size_t n) {
+    if (k->n + n > k->cap) {
+        size_t cap = k->cap ? k->cap : 256;
+        while (cap < k->n + n) cap *= 2; /* n + k->n: bytes of tokens of the query, < 2^62 */
+        char *g = en_realloc(k->b, cap);
+        if (!g) return 0;
+        k->b = g, k->cap = cap;
+    }
+    memcpy(k->b + k->n, s, n);
+    k->n += n;
+    return 1;
+}
+
+/* Each token FTS5's tokenizer gives for a word, then a NUL. */
+static int key_token(void *ctx, int flags, const char *tok, int n, int start, int end) {
+    (void)flags, (void)start, (void)end;
+    return n >= 0 && key_put(ctx, tok, (size_t)n) && key_put(ctx, "", 1) ? SQLITE_OK : SQLITE_NOMEM;
+}
+
+/* The tokenizer of passages_fts (k_schema: unicode61 remove_diacritics 2),
+ * from SQLite's fts5_api; 0 when there is none to be had. */
+static int fts5_tokenizer_open(sqlite3 *db, fts5_tokenizer *mod, Fts5Tokenizer **tok) {
+    static const char *args[2] = {"remove_diacritics", "2"};
+    fts5_api *api = NULL;
+    sqlite3_stmt *st = NULL;
+    void *ud = NULL;
+    *tok = NULL;
+    if (sqlite3_prepare_v2(db, "SELECT fts5(?1)", -1, &st, NULL) != SQLITE_OK) return 0;
+    sqlite3_bind_pointer(st, 1, (void *)&api, "fts5_api_ptr", NULL);
+    sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (!api || api->iVersion < 2 || api->xFindTokenizer(api, "unicode61", &ud, mod) != SQLITE_OK)
+        return 0;
+    return mod->xCreate(ud, args, 2, tok) == SQLITE_OK && *tok;
+}
+
+/* Key every word: the tokens FTS5 reads it as (case and diacritics folded
+ * as the index folds them), so that two words with the same key are the
+ * same phrase to FTS5; without a tokenizer, the word with ASCII letters
+ * folded. Then mark each word whose key an earlier word has. 0 when out of
+ * memory. */
+static int mark_repeats(sqlite3 *db, query_word *w, size_t k) {
+    fts5_tokenizer mod;
+    Fts5Tokenizer *tok = NULL;
+    key_buf kb = {0};
+    int ok = 1, have = fts5_tokenizer_open(db, &mod, &tok);
+    for (size_t i = 0; ok && i < k; i++) {
+        w[i].key_off = kb.n;
+        if (have && w[i].len <= INT_MAX) {
+            ok = mod.xTokenize(tok, &kb, FTS5_TOKENIZE_QUERY, w[i].p, (int)w[i].len,
+                               key_token) == SQLITE_OK;
+        } else {
+            for (size_t j = 0; ok && j < w[i].len; j++) {
+                char c = w[i].p[j];
+                c = c >= 'A' && c <= 'Z' ? (char)(c | 32) : c;
+                ok = key_put(&kb, &c, 1);
+            }
+        }
+        w[i].key_len = kb.n - w[i].key_off;
+    }
+    if (tok) mod.xDelete(tok);
+    query_word *sorted = ok ? en_malloc(k * sizeof *sorted) : NULL;
+    ok = sorted != NULL;
+    if (sorted) {
+        for (size_t i = 0; i < k; i++) w[i].key = kb.b ? kb.b + w[i].key_off : "";
+        memcpy(sorted, w, k * sizeof *w);
+        qsort(sorted, k, sizeof *sorted, by_key);
+        for (size_t j = 1; j < k; j++) {
+            const query_word *a = &sorted[j - 1], *b = &sorted[j];
+            if (a->key_len == b->key_len && !memcmp(a->key, b->key, a->key_len))
+                w[b->ordinal].repeat = 1;
+        }
+    }
+    en_free(sorted);
+    en_free(kb.b);
+    return ok;
+}
+
+/* The words of q[0..n) with a letter or digit (*n_words of them, in order,
+ * en_malloc'd; NULL with *n_words 0 for none or out of memory: *oom says
+ * which), each repeat of an earlier one marked (mark_repeats). */
+static query_word *query_words(sqlite3 *db, const char *q, size_t n, size_t *n_words,
+                               int *oom) {
+    *n_words = 0, *oom = 0;
+    /* a word and its separator take two bytes at least: k <= n / 2 + 1 */
+    if (n / 2 + 1 > SIZE_MAX / sizeof(query_word)) return *oom = 1, NULL;
+    query_word *w = en_malloc((n / 2 + 1) * sizeof *w);
+    if (!w) return *oom = 1, NULL;
+    size_t k = 0, i = 0;
     while (i < n) {
-        while (i < n && (q[i] == ' ' || (q[i] >= '\t' && q[i] <= '\r'))) i++;
+        while (i < n && is_space(q[i])) i++;
         size_t a = i;
         int word = 0;
-        while (i < n && !(q[i] == ' ' || (q[i] >= '\t' && q[i] <= '\r'))) {
+        while (i < n && !is_space(q[i])) {
             unsigned char c = (unsigned char)q[i++];
             word |= (c >= 0x80 || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'));
         }
-        if (!word) continue;
-        if (o != out) memcpy(o, " OR ", 4), o += 4;
-        *o++ = '"';
-        for (size_t k = a; k < i; k++) {
-            if (q[k] == '"') *o++ = '"';
-            *o++ = q[k];
-        }
-        *o++ = '"';
+        if (word) w[k] = (query_word){q + a, i - a, k, NULL, 0, 0, 0}, k++;
     }
-    *o = 0;
+    if (k > 1 && !mark_repeats(db, w, k)) {
+        en_free(w);
+        return *oom = 1, NULL;
+    }
+    if (!k) en_free(w);
+    *n_words = k;
+    return w;
+}
+
+/* Write the MATCH expression of words[0..n) to out (NULL: only count) and
+ * return its length without the NUL. One function for both passes, so that
+ * the size counted is the size written: a word of L bytes with d quotes
+ * becomes " OR " + '"' + L + d + '"' (d < L: a word has a letter), at most
+ * 3.5 bytes per byte of input with its separator (one-letter words, 7 out
+ * for 2 in: more than the 3n + 8 once allocated here, issue 31). */
+static size_t match_write(const query_word *words, size_t n, char *out) {
+    size_t len = 0;
+#define PUT(c) (out ? (void)(out[len] = (c)) : (void)0, len++)
+    for (size_t i = 0; i < n; i++) {
+        if (words[i].repeat) continue;
+        if (len) {
+            if (out) memcpy(out + len, " OR ", 4);
+            len += 4;
+        }
+        PUT('"');
+        for (size_t k = 0; k < words[i].len; k++) {
+            if (words[i].p[k] == '"') PUT('"');
+            PUT(words[i].p[k]);
+        }
+        PUT('"');
+    }
+#undef PUT
+    return len;
+}
+
+/* The MATCH expression of a query: each word quoted ("" inside), OR-ed,
+ * once: a repeat of an earlier word (the same tokens to FTS5: case and
+ * diacritics folded) is left out, as are words with no letter or digit.
+ * Why once: FTS5's bm25() costs about the square of the phrases that match
+ * a row (4096 one-letter words took 13 s of CPU on a 77-passage index,
+ * against 0.01 s for the word once), so repeats were a cheap way to pin a
+ * server thread; and a word said twice is no stronger evidence of what the
+ * user means. NULL on OOM (or a query over SIZE_MAX / 4 bytes, whose count
+ * could wrap); "" for none. */
+static char *match_expr(sqlite3 *db, const char *q) {
+    size_t n = strlen(q), k = 0;
+    if (n > SIZE_MAX / 4) return NULL; /* the count is at most 3.5 n + 1 */
+    int oom = 0;
+    query_word *words = query_words(db, q, n, &k, &oom);
+    if (oom) return NULL;
+    size_t len = match_write(words, k, NULL);
+    char *out = en_malloc(len + 1);
+    if (out) {
+        size_t w = match_write(words, k, out);
+        EN_ASSERT(w == len);
+        out[w] = 0;
+    }
+    en_free(words);
     return out;
 }
 
@@ -703,7 +884,7 @@ en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_
         return EN_ERR(err, EN_ERR_ARG, "top_k %d: must be 1..1000", top_k);
     if (en_utf8_first_invalid((const unsigned char *)query, strlen(query)) < strlen(query))
         return EN_ERR(err, EN_ERR_ARG, "the query is not valid UTF-8");
-    char *m = match_expr(query);
+    char *m = match_expr(idx->db, query);
     if (!m) return EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (!m[0]) {
         en_free(m);

@@ -60,7 +60,9 @@ en_index_config en_index_config_default(void);
 /* Open the index at path: create = 1 to update it (made when missing),
  * 0 to search it (read-only: SQLITE_OPEN_READONLY). Checks that
  * SQLite has FTS5 and that the file is an energon index of a known schema
- * version. EN_ERR_IO / EN_ERR_FORMAT / EN_ERR_UNSUPPORTED name the path. */
+ * version; with create = 0, also that an update of it has committed (a
+ * file whose first build was killed is EN_ERR_FORMAT, saying to rebuild it).
+ * EN_ERR_IO / EN_ERR_FORMAT / EN_ERR_UNSUPPORTED name the path. */
 en_status en_index_open(const char *path, int create, en_index **out, en_err *err);
 void en_index_destroy(en_index *idx);
 
@@ -91,8 +93,11 @@ typedef struct en_index_hit {
 } en_index_hit;
 
 /* The top_k (1..1000) passages for a free-text query: its words (runs of
- * non-space), each quoted as an FTS5 phrase, OR-ed, ranked by BM25. A query
- * with no word returns none. *hits is owned by the caller
+ * non-space), each quoted as an FTS5 phrase, OR-ed, ranked by BM25; a word
+ * repeated (the same tokens to FTS5: case and diacritics folded) counts
+ * once. A query
+ * with no word returns none. A query that is not UTF-8 or a top_k out of
+ * range is EN_ERR_ARG. *hits is owned by the caller
  * (en_index_hits_free). */
 en_status en_index_search(en_index *idx, const char *query, int top_k, en_index_hit **hits,
                           int *n, en_err *err);

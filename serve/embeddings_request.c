@@ -85,6 +85,7 @@ static int parse_input(const json_t *j, const en_tokenizer *tok, emb_job *job, o
  * lines. Returns an en_malloc'd NUL-terminated string or NULL. */
 static char *base64(const unsigned char *p, size_t n) {
     static const char k[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    /* bound: 4 characters per started group of 3 bytes, and the NUL */
     char *out = en_malloc((n + 2) / 3 * 4 + 1), *o = out;
     if (!out) return NULL;
     for (size_t i = 0; i < n; i += 3) {
@@ -106,6 +107,7 @@ static json_t *vector_json(const float *v, int n, int b64) {
         for (int i = 0; i < n && a; i++) json_array_append_new(a, json_real((double)v[i]));
         return a;
     }
+    /* bound: n float32 values, 4 bytes each (n = the model's hidden size) */
     unsigned char *bytes = en_malloc((size_t)n * 4);
     if (!bytes) return NULL;
     for (int i = 0; i < n; i++) {

@@ -136,6 +136,7 @@ en_gen_params en_gen_params_default(void) {
 /* Append an event (text copied) and wake the owner. */
 static void push_event(en_request *r, const en_gen_event *ev, const char *text, size_t len) {
     ev_node *n = en_calloc(1, sizeof *n);
+    /* bound: the event's len bytes and a NUL */
     char *t = en_malloc(len + 1);
     if (!n || !t) {
         /* Out of memory while streaming: the text is lost but the request
@@ -332,6 +333,8 @@ static void finish(en_engine *e, en_request *r, const char *reason, int flush) {
         if (flush) {
             en_stop_flush(r->stop, &out, &olen);
             if (olen) {
+                /* bound: what rest holds and the olen bytes appended below (no NUL: a
+                 * length-counted text) */
                 char *nr = en_realloc(rest, rest_len + olen);
                 if (nr) {
                     memcpy(nr + rest_len, out, olen);
@@ -998,6 +1001,7 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     s = r->prompt ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "out of memory");
     if (s == EN_OK && p->end_of_turn && p->end_of_turn[0]) {
         size_t len = strlen(p->end_of_turn);
+        /* bound: strlen + 1, copied with its NUL */
         r->end_of_turn = en_malloc(len + 1);
         if (r->end_of_turn) memcpy(r->end_of_turn, p->end_of_turn, len + 1);
         else s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
@@ -1016,6 +1020,7 @@ en_status en_engine_submit(en_engine *e, const int32_t *ids, int n, const en_gen
     }
     for (int i = 0; i < p->n_stop && s == EN_OK; i++) {
         size_t len = strlen(p->stop[i]);
+        /* bound: strlen + 1, copied with its NUL */
         if (!(r->stops[i] = en_malloc(len + 1))) s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         else memcpy(r->stops[i], p->stop[i], len + 1);
     }

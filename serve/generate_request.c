@@ -333,6 +333,7 @@ static int completion_prompt(const json_t *j, const en_tokenizer *tok, gen_req *
     }
     if (echo) {
         if (text) {
+            /* bound: the prompt's text_len bytes and a NUL */
             q->echo = en_malloc(text_len + 1);
             if (q->echo) memcpy(q->echo, text, text_len), q->echo[text_len] = 0;
             q->echo_len = text_len;

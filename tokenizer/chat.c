@@ -115,6 +115,7 @@ void en_chat_emit(en_chat_render *r, const char *s, size_t n, int train, int bos
         size_t cap = r->cap ? r->cap : 256;
         while (cap < r->len + n + 1)
             cap *= 2;
+        /* bound: cap >= len + n + 1 (the loop above), lengths of text in memory */
         char *p = en_realloc(r->text, cap);
         if (!p) {
             r->failed = 1;
@@ -308,6 +309,8 @@ static int push_ids(id_buf *b, const int32_t *ids, size_t n, int train) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n)
             cap *= 2;
+        /* bound: cap >= n + b->n ids (the loop above); cap * 4 fits: the ids come from text in
+         * memory */
         int32_t *pi = en_realloc(b->ids, cap * sizeof *pi);
         if (!pi) return 0;
         b->ids = pi;

@@ -117,6 +117,7 @@ int32_t en_chat_template_eot_id(const en_chat_template *t, const en_tokenizer *t
 static json_t *flat_content(const json_t *content, int i, en_err *err) {
     if (!json_is_array(content)) return json_incref((json_t *)content);
     size_t cap = 64, len = 0, k;
+    /* bound: grown below to len + n + 1 before each part's n bytes are copied */
     char *buf = en_malloc(cap);
     const json_t *part;
     json_array_foreach(content, k, part) {

@@ -125,6 +125,7 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 256;
         while (cap < b->n + n + 1) cap *= 2;
+        /* bound: cap >= n + len + 1 (the loop above) */
         char *p = en_realloc(b->s, cap);
         if (!p) {
             b->oom = 1;

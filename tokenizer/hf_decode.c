@@ -42,6 +42,7 @@ static en_status buf_put(buf *b, const void *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n + 1) cap *= 2;
+        /* bound: cap >= n + len + 1 (the loop above): the bytes and the NUL written below */
         char *p = en_realloc(b->p, cap);
         if (!p) return EN_ERR_NOMEM;
         b->p = p;

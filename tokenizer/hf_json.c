@@ -488,6 +488,8 @@ static en_status load_merges(en_hf_tokenizer *t, ld *c, const json_t *merges) {
     size_t n = json_array_size(merges), cap = 16, buf_cap = 256;
     while (cap < 2 * n + 2) cap <<= 1;
     m->merges = en_malloc(cap * sizeof *m->merges);
+    /* bound: a merged token (an + bn - prefix_len bytes) is copied only after buf_cap >= it
+     * (below) */
     char *buf = en_malloc(buf_cap);
     if (!m->merges || !buf) {
         en_free(buf);

@@ -78,6 +78,7 @@ en_status hf_nstr_reserve(hf_nstr *t, size_t extra) {
     if (t->n + extra <= t->cap) return EN_OK;
     size_t cap = t->cap ? t->cap : 64;
     while (cap < t->n + extra) cap *= 2;
+    /* bound: cap >= n + extra (the loop above) */
     char *s = en_realloc(t->s, cap);
     if (!s) return EN_ERR_NOMEM;
     t->s = s;
@@ -185,7 +186,8 @@ en_status hf_regex_compile(const char *pat, size_t len, int literal, regex_t **o
                            const char *path, const char *field, en_err *err) {
     char *buf = NULL;
     if (literal) {
-        /* the characters Rust's regex::escape escapes */
+        /* the characters Rust's regex::escape escapes; bound: at most one '\\' before each
+         * of the len bytes (len: a JSON string's, far below SIZE_MAX / 2) */
         buf = en_malloc(2 * len + 1);
         if (!buf) return EN_ERR(err, EN_ERR_NOMEM, "%s: out of memory", path);
         size_t k = 0;

@@ -20,6 +20,7 @@ typedef struct en_jchunk {
 #define CHUNK_MIN ((size_t)64 * 1024)
 
 void *en_jarena_alloc(en_jarena *a, size_t n) {
+    if (n > SIZE_MAX - 15) return NULL; /* the round-up below would wrap to a 16-byte block */
     n = (n + 15) & ~(size_t)15;
     if (n == 0) n = 16;
     if (a->cap && (n > a->cap || a->used > a->cap - n)) return NULL;
@@ -67,6 +68,7 @@ int en_jbuf_put(en_jbuf *b, const char *s, size_t n) {
             if (cap > SIZE_MAX / 2) return -1;
             cap *= 2;
         }
+        /* bound: cap >= n + len + 1 (the loop above, which refuses to wrap) */
         char *p = en_realloc(b->p, cap);
         if (!p) return -1;
         b->p = p;

@@ -170,6 +170,8 @@ static en_jnode *parse_string(en_jparser *p) {
     /* adjacent strings concatenate: 'a' 'b' is 'ab' */
     size_t total = t->n;
     for (size_t k = p->pos; p->toks[k].type == EN_JT_STRING; k++) total += p->toks[k].n;
+    /* bound: total = the lengths of the adjacent strings copied below (token lengths of the
+     * source) */
     char *s = en_jarena_alloc(p->arena, total + 1);
     if (!s) {
         en_jj_syntax_error(p, t, "out of memory");

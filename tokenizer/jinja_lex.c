@@ -172,6 +172,7 @@ static en_status lex_tag(lexer *L, size_t i, char kind, size_t *resume);
 /* Normalise newlines ("\r\n" and "\r" become "\n") and drop one trailing
  * newline, as jinja2 does before lexing. */
 static char *normalise(en_jarena *a, const char *src, size_t len, size_t *out_len) {
+    /* bound: normalising only removes bytes ("\r\n" -> "\n"): <= len, + 1 for the NUL */
     char *s = en_jarena_alloc(a, len + 1);
     if (!s) return NULL;
     size_t n = 0;

@@ -72,6 +72,7 @@ int en_jj_expect_op(en_jparser *p, const char *op) {
 }
 
 char *en_jj_strdup(en_jarena *a, const char *s, size_t n) {
+    /* bound: n bytes and the NUL (en_jarena_alloc zeroes what it hands out) */
     char *d = en_jarena_alloc(a, n + 1);
     if (d && n) memcpy(d, s, n);
     return d;

@@ -51,6 +51,7 @@ static int reserve(char **p, size_t *cap, size_t need) {
     if (need <= *cap) return 1;
     size_t nc = *cap ? *cap : 64;
     while (nc < need) nc *= 2;
+    /* bound: nc >= need (the loop above); need is a stop string's or the held text's length + 1 */
     char *q = en_realloc(*p, nc);
     if (!q) return 0;
     *p = q;

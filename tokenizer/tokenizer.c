@@ -237,6 +237,7 @@ static char *dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
     if (!slash) return en_strdup(".");
     size_t n = slash == path ? 1 : (size_t)(slash - path);
+    /* bound: n <= strlen(path) bytes of the path, + 1 for the NUL */
     char *d = en_malloc(n + 1);
     if (d) {
         memcpy(d, path, n);

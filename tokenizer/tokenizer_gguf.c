@@ -475,6 +475,7 @@ en_status en_tokenizer_gguf_init(en_tokenizer_gguf *tg, const en_gguf *g, en_err
         const char *tpl;
         size_t n;
         s = en_gguf_get_str(g, "tokenizer.chat_template", &tpl, &n, err);
+        /* bound: n <= the bytes left in the file (rd_str in common/gguf.c), + 1 for the NUL */
         if (s == EN_OK && !(tg->chat_template = en_malloc(n + 1)))
             s = EN_ERR(err, EN_ERR_NOMEM, "out of memory");
         if (s == EN_OK) {

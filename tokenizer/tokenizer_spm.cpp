@@ -415,6 +415,7 @@ en_status en_spm_decode(const en_spm *tok, const int32_t *ids, size_t n_ids, cha
         if (!s.ok())
             return EN_ERR(err, status_from_spm(s), "decode: sentencepiece: %s",
                           spm_message(s).c_str());
+        /* bound: the decoded string and its NUL */
         char *buf = (char *)en_malloc(out.size() + 1);
         if (!buf)
             return EN_ERR(err, EN_ERR_NOMEM, "decode: out of memory for %zu bytes", out.size());

@@ -1,7 +1,8 @@
 """A float64 BM25 with SQLite FTS5's formula, the independent reference of
 tests/test_index.sh and tests/serve/retrieve.py: k1 = 1.2, b = 0.75, idf =
 log((N - n + 0.5) / (n + 0.5)) (1e-6 where that is not positive), words
-lower-cased runs of letters and digits (unicode61 on ASCII text)."""
+lower-cased runs of letters and digits (unicode61 on ASCII text); a word
+repeated in the query counts once."""
 import math
 import re
 
@@ -15,7 +16,7 @@ def bm25_top(docs, query, k):
     score descending, then the id ascending (FTS5's ORDER BY bm25, rowid)."""
     n_docs = len(docs)
     avgdl = sum(len(t) for t in docs.values()) / n_docs
-    terms = query.lower().split()
+    terms = list(dict.fromkeys(query.lower().split()))  # each word once, as rag/index.c
     scores = {}
     for pid, t in docs.items():
         if not any(q in t for q in terms):

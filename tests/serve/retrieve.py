@@ -3,7 +3,8 @@ starts it on an index of examples/company, EN_INDEX): (a) ranked ids and
 scores equal an independent float64 BM25 over the passages read with
 sqlite3 (FTS5's formula: bm25_ref.py, shared with tests/test_index.sh);
 (b) passage fields equal the DB rows; (c) 16 concurrent requests equal each alone;
-(d) bad bodies: 400 naming the param, GET 405 with Allow: POST; (e) a
+(d) bad bodies: 400 naming the param, GET 405 with Allow: POST, queries of
+thousands of one-letter words searched (issue 31's overflow); (e) a
 server without --index (EN_URL_MAIN) answers 404 retrieval_not_enabled."""
 import os
 import sqlite3
@@ -78,6 +79,17 @@ check(st == 400 and isinstance((js or {}).get("error"), dict), "a non-JSON body 
 st, hd, raw = http("GET", "/v1/retrieve")
 check(st == 405 and hd.get("allow") == "POST", "GET /v1/retrieve -> 405, Allow: POST",
       f"{st} {hd}")
+
+# (d2) one-letter words quote to 7 bytes each (' OR "a"'), more than the 3n + 8
+# bytes match_expr once allocated (issue 31): searched, and the server lives
+for q in [" ".join(["a"] * 16), " ".join(["a"] * 4096)[:8192], " ".join(['a"'] * 2730)]:
+    st, js, raw = post("/v1/retrieve", {"query": q, "top_k": 3})
+    check(st == 200 and len((js or {}).get("data", [])) <= 3,
+          f"a query of {len(q.split())} one-letter words ({len(q)} bytes) -> 200",
+          f"{st} {raw[:200]!r}")
+q, k = QUERIES[0]
+check(post("/v1/retrieve", {"query": q, "top_k": k})[2] == alone[q],
+      "after them the server answers as before")
 
 # (e) no --index
 if MAIN:
