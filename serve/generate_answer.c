@@ -3,7 +3,8 @@
  * (generate_answer.h): the text, log-probabilities and finish reason of
  * each choice, collected into one chat.completion / text_completion object
  * or streamed as chunks, with tool calls read back from the text
- * (tools.c). Used by
+ * (tools.c: whole calls are kept whatever follows them, and a call that
+ * repeats an earlier one of the same answer ends it). Used by
  * openai_generate.c, which does the waiting, and by the engine fuzz
  * target. Left out: everything about connections and time.
  */
@@ -117,6 +118,31 @@ static const char *finish_name(const char *f) {
     return f && strcmp(f, "length") == 0 ? "length" : "stop";
 }
 
+/* The calls in choice c's text (en_chat_tools_parse), less the repeat and
+ * whatever came after it when one ended the choice (keep_calls). */
+static int read_calls(const gen *g, const choice *c, int cut, json_t **calls, size_t *clen) {
+    int n = en_chat_tools_parse(g->tools.fmt, c->text ? c->text : "", c->len, cut, calls, clen);
+    while (c->keep_calls && n > c->keep_calls) json_array_remove(*calls, (size_t)--n);
+    return n;
+}
+
+/* After text `piece` joined choice i's text: when it completed a call that
+ * repeats an earlier one (tools_repeat), the choice ends there, its
+ * request cancelled, with finish reason "tool_calls". Returns 1 then. */
+static int end_on_repeat(gen *g, int i, const char *piece, size_t n) {
+    choice *c = &g->ch[i];
+    if (!g->tool_calls || c->keep_calls || !n) return 0;
+    int keep = tools_repeat(&g->tools, c->text, c->len, piece, n);
+    if (!keep) return 0;
+    c->keep_calls = keep;
+    /* what the model says after the repeat is not wanted: stop it now
+     * rather than at max_tokens (its KV blocks come back at once) */
+    if (!c->done && c->req) en_request_cancel(c->req);
+    c->done = 1;
+    c->finish = "tool_calls";
+    return 1;
+}
+
 json_t *answer_full(gen *g) {
     json_t *o = answer_envelope(g, g->chat ? "chat.completion" : "text_completion");
     json_t *arr = json_array();
@@ -127,8 +153,7 @@ json_t *answer_full(gen *g) {
         json_t *calls = NULL;
         size_t clen = c->len;
         int cut = c->finish && strcmp(c->finish, "length") == 0;
-        if (g->tool_calls && en_chat_tools_parse(g->tools.fmt, c->text ? c->text : "", c->len,
-                                                 cut, &calls, &clen) > 0 && !cut)
+        if (g->tool_calls && read_calls(g, c, cut, &calls, &clen) > 0 && !cut)
             c->finish = "tool_calls";
         json_t *text = calls && clen == 0 ? json_null()
                                           : oa_json_string_lossy(c->text ? c->text : "", clen);
@@ -177,6 +202,7 @@ int answer_collect(gen *g, int i, const en_gen_event *ev) {
         c->n_tokens = ev->completion_tokens;
         if (ev->cached_tokens > g->cached_tokens) g->cached_tokens = ev->cached_tokens;
     }
+    end_on_repeat(g, i, ev->text, ev->len);
     return 1;
 }
 
@@ -256,7 +282,7 @@ static int emit_calls_end(gen *g, int i) {
     json_t *calls = NULL;
     size_t clen = c->len;
     int cut = c->finish && strcmp(c->finish, "length") == 0;
-    int n = en_chat_tools_parse(g->tools.fmt, c->text ? c->text : "", c->len, cut, &calls, &clen);
+    int n = read_calls(g, c, cut, &calls, &clen);
     if (n == 0) {
         if (c->len > c->sent && !answer_emit_chunk(g, i, c->text + c->sent, c->len - c->sent, NULL,
                                             NULL, 0))
@@ -301,13 +327,16 @@ int answer_emit_event(gen *g, int i, const en_gen_event *ev) {
         }
         /* A token whose text is held back (half a character, a possible
          * stop string) sends nothing, unless its logprob must go out. */
-        return emit_text(g, i, ev->text ? ev->text : "", ev->len, lp);
+        if (!emit_text(g, i, ev->text ? ev->text : "", ev->len, lp)) return 0;
+        /* calls go out only at the end, so the repeat was never sent */
+        return end_on_repeat(g, i, ev->text, ev->len) ? emit_calls_end(g, i) : 1;
     }
     c->done = 1;
     c->finish = ev->finish_reason;
     c->n_tokens = ev->completion_tokens;
     if (ev->cached_tokens > g->cached_tokens) g->cached_tokens = ev->cached_tokens;
     if (ev->len && !emit_text(g, i, ev->text, ev->len, NULL)) return 0;
+    end_on_repeat(g, i, ev->text, ev->len);
     if (g->tool_calls) return emit_calls_end(g, i);
     return answer_emit_chunk(g, i, NULL, 0, NULL, finish_name(c->finish), 0);
 }

@@ -33,6 +33,10 @@ typedef struct choice {
     json_t *lp;          /* chat: the "content" array; completions: the object */
     size_t text_offset;  /* completions: characters before the next token */
     size_t sent;         /* streamed with tools: bytes of text sent as content */
+    /* with tools: a whole call repeated an earlier one of this answer, so
+     * the answer ended there and keeps the keep_calls calls before it (0:
+     * none repeated, all kept) */
+    int keep_calls;
 } choice;
 
 typedef struct gen {
@@ -75,7 +79,10 @@ typedef struct gen {
 } gen;
 
 /* Fold event ev of choice i into a non-streamed answer (text, log-
- * probabilities, the end). 0 on out of memory. */
+ * probabilities, the end). With tools, a whole call that repeats an
+ * earlier one of the answer ends the choice there (tools_repeat): its
+ * request is cancelled and the choice done, "tool_calls". 0 on out of
+ * memory. */
 int answer_collect(gen *g, int i, const en_gen_event *ev);
 
 /* The non-streamed answer of every choice collected (a new object);
@@ -83,8 +90,9 @@ int answer_collect(gen *g, int i, const en_gen_event *ev);
 json_t *answer_full(gen *g);
 
 /* Streaming: append the chunks event ev of choice i makes to g->out
- * ("data: {...}\n\n" each; maybe none while text is held back). 0 on
- * out of memory. */
+ * ("data: {...}\n\n" each; maybe none while text is held back). A
+ * repeated tool call ends the choice as answer_collect says, its calls
+ * going out without the repeat. 0 on out of memory. */
 int answer_emit_event(gen *g, int i, const en_gen_event *ev);
 
 /* One chunk for choice i: text (may be NULL), logprobs (taken, may be
