@@ -22,15 +22,19 @@
  * answer ended "stop" with no stop string or end-of-turn in what the model
  * said; every streamed chunk is JSON, with one finish_reason per choice.
  * To keep each input well under a second, max_tokens is capped at 16 and n
- * at 3 after parsing (the parser's own checks ran on the values asked).
- * The model (vocabulary of tok512.model, 1 layer of width 32, 256
+ * at 3 after parsing (the parser's own checks ran on the values asked);
+ * with tools at 128 and 1, room for two calls, so that repeated and cut
+ * calls come.
+ * The model (vocabulary of tok512.model, 1 layer of width 32, 2048
  * positions) is written to a temporary directory at start, loaded on a
  * 1-thread CPU backend and the directory removed; one engine (4 sequences,
- * 256 tokens of context) serves every input. The server's parts that the
+ * 2048 tokens of context) serves every input. The server's parts that the
  * parser asks are stood in for as in fuzz_generate_request.c, but with
  * real grammar masks over the engine's vocabulary.
  * The kernels' CPU checks read as "no" (clang 14 does not know
  * __builtin_cpu_supports("f16c")): the portable C paths run.
+ * The model's arithmetic is built without coverage counters
+ * (engine_request.nocov says why).
  * Seeds: tests/fuzz/corpus/engine_request/ (fuzz_generate_request's).
  * Run: tests/fuzz/run.sh 60 engine_request
  */
@@ -67,6 +71,7 @@
 // fuzz-sources: common/comm.c common/backend_cuda_none.c
 // fuzz-cflags: -fopenmp -I/usr/include/x86_64-linux-gnu/openblas-openmp
 // fuzz-cflags: -D__builtin_cpu_supports(f)=0
+// fuzz-cflags: -fsanitize-coverage-ignorelist=@ROOT@/tests/fuzz/engine_request.nocov
 // fuzz-libs: -ljansson -lonig -lutf8proc -lz -lsentencepiece -lsentencepiece_train
 // fuzz-libs: -lmicrohttpd -lopenblas -fopenmp -lpthread
 #include <stdio.h>
@@ -91,9 +96,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MODEL "energon-test"
-#define N_CTX 256
+#define N_CTX 2048 /* the tools seeds describe their functions in ~700 tokens */
 #define CAP_TOKENS 16 /* max_tokens after parsing */
 #define CAP_CHOICES 3 /* n after parsing */
+/* with tools: room for a few whole calls (one takes ~40 of tok512's
+ * tokens), so that repeats and cut calls happen */
+#define CAP_TOOL_TOKENS 128
+#define CAP_TOOL_CHOICES 1
 
 /* The templates of fuzz_generate_request.c (its seeds pick them). */
 static const char k_hermes_docs[] =
@@ -345,7 +354,7 @@ void en_index_hits_free(en_index_hit *hits, int n) {
 
 /* What the engine said to one choice, apart from the answer's own copy. */
 typedef struct seen {
-    int32_t ids[CAP_TOKENS];
+    int32_t ids[CAP_TOOL_TOKENS];
     int n_tokens;
     char text[4096];
     size_t len;
@@ -364,7 +373,7 @@ static void record(seen *s, const en_gen_event *ev) {
         }
     }
     if (ev->kind == EN_EV_TOKEN) {
-        if (s->n_tokens >= CAP_TOKENS) __builtin_trap(); /* more tokens than max_tokens */
+        if (s->n_tokens >= CAP_TOOL_TOKENS) __builtin_trap(); /* more than max_tokens */
         s->ids[s->n_tokens++] = ev->token;
     } else {
         s->finish = ev->finish_reason;
@@ -482,8 +491,11 @@ static void gen_free(gen *g) {
 
 /* Run the parsed request q to its answer, as openai_generate.c does. */
 static void run(gen_req *q, int chat, const en_chat_template *tmpl, int stream) {
-    if (q->n > CAP_CHOICES) q->n = CAP_CHOICES;
-    if (q->max_tokens > CAP_TOKENS) q->max_tokens = CAP_TOKENS;
+    const int tools = chat && tools_active(&q->tools);
+    const int cap_n = tools ? CAP_TOOL_CHOICES : CAP_CHOICES;
+    const int cap_tokens = tools ? CAP_TOOL_TOKENS : CAP_TOKENS;
+    if (q->n > cap_n) q->n = cap_n;
+    if (q->max_tokens > cap_tokens) q->max_tokens = cap_tokens;
     gen *g = en_calloc(1, sizeof *g);
     seen *s = en_calloc(GEN_MAX_CHOICES, sizeof *s);
     if (!g || !s) abort();

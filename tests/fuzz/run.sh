@@ -8,7 +8,8 @@
 # lines, paths relative to the repository root:
 #   // fuzz-sources: tokenizer/jinja.c common/status.c ...
 #   // fuzz-libs: -ljansson -lonig
-#   // fuzz-cflags: -fopenmp     (optional: more flags for its C sources)
+#   // fuzz-cflags: -fopenmp     (optional: more flags for its C sources;
+#                                  @ROOT@ stands for the repository root)
 # A source ending in .cpp (tokenizer/tokenizer_spm.cpp) is compiled apart with
 # clang++ (C++17, the same sanitizers) and linked in with libstdc++.
 # Its seed corpus is tests/fuzz/corpus/NAME/ (valid inputs made by the tests'
@@ -49,6 +50,7 @@ for t in "${targets[@]}"; do
     srcs=$(sed -n 's|^// fuzz-sources:||p' "$src")
     libs=$(sed -n 's|^// fuzz-libs:||p' "$src")
     xflags=$(sed -n 's|^// fuzz-cflags:||p' "$src")
+    xflags=${xflags//@ROOT@/$ROOT}
     cflags=$(pkg-config --cflags jansson oniguruma libutf8proc 2>/dev/null || true)
     bin="$OUT/fuzz_$t"
     abs=()
