@@ -383,6 +383,7 @@ static void record(seen *s, const en_gen_event *ev) {
 /* Every "data: X\n\n" in g->out is [DONE] or a JSON chunk; count the
  * finish reasons per choice, then empty g->out. */
 static void check_chunks(gen *g, seen *s) {
+    if (!g->out_len) return; /* g->out may be NULL yet */
     char *p = g->out, *end = g->out + g->out_len;
     while (p < end) {
         if (end - p < 6 || memcmp(p, "data: ", 6) != 0) __builtin_trap();
