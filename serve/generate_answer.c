@@ -284,12 +284,13 @@ static int emit_calls_end(gen *g, int i) {
     int cut = c->finish && strcmp(c->finish, "length") == 0;
     int n = read_calls(g, c, cut, &calls, &clen);
     if (n == 0) {
-        if (c->len > c->sent && !answer_emit_chunk(g, i, c->text + c->sent, c->len - c->sent, NULL,
-                                            NULL, 0))
+        if (c->len > c->sent &&
+            !answer_emit_chunk(g, i, c->text + c->sent, c->len - c->sent, NULL, NULL, 0))
             return 0;
         return answer_emit_chunk(g, i, NULL, 0, NULL, finish_name(c->finish), 0);
     }
-    if (clen > c->sent && !answer_emit_chunk(g, i, c->text + c->sent, clen - c->sent, NULL, NULL, 0)) {
+    if (clen > c->sent &&
+        !answer_emit_chunk(g, i, c->text + c->sent, clen - c->sent, NULL, NULL, 0)) {
         json_decref(calls);
         return 0;
     }

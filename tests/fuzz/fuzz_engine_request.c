@@ -188,7 +188,8 @@ static void write_model(const char *dir, int V) {
         size_t n = (size_t)t[i].a * (size_t)(t[i].b ? t[i].b : 1);
         w[i] = malloc(n * sizeof(float));
         if (!w[i]) abort();
-        for (size_t j = 0; j < n; j++) w[i][j] = t[i].ones ? 1.0f : (float)(en_rng_normal(&rng) * 0.5);
+        for (size_t j = 0; j < n; j++)
+            w[i][j] = t[i].ones ? 1.0f : (float)(en_rng_normal(&rng) * 0.5);
         memset(&items[i], 0, sizeof items[i]);
         items[i].name = t[i].name;
         items[i].dtype = EN_DTYPE_F32;
