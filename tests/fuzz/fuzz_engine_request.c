@@ -411,6 +411,12 @@ static void check_chunks(gen *g, seen *s) {
     g->out_len = 0;
 }
 
+/* An invariant failed: say which, then crash. */
+static void broken(const char *what) {
+    fprintf(stderr, "fuzz_engine_request: %s\n", what);
+    __builtin_trap();
+}
+
 /* A grammar's text: a possible start of it (one leading space may have
  * been dropped from a chat answer), and whole when `whole`. */
 static void check_grammar(const en_gmask *k, const char *text, size_t len, int whole) {
@@ -424,7 +430,9 @@ static void check_grammar(const en_gmask *k, const char *text, size_t len, int w
         done = ok && en_gmatch_accepting(m);
         en_gmatch_destroy(m);
     }
-    if (!ok || (whole && !done)) __builtin_trap();
+    if (!ok || (whole && !done)) fprintf(stderr, "the text: [%.*s]\n", (int)len, text);
+    if (!ok) broken("the text is no start of the grammar");
+    if (whole && !done) broken("a stop answer is no whole sentence of the grammar");
 }
 
 static int contains(const char *s, size_t n, const char *what) {
@@ -437,31 +445,31 @@ static void check_choice(const gen *g, const gen_req *q, int i, const seen *s,
     const choice *c = &g->ch[i];
     if (!c->keep_calls && (!s->finish || (strcmp(s->finish, "stop") != 0 &&
                                           strcmp(s->finish, "length") != 0)))
-        __builtin_trap();
+        broken("the engine's finish reason is not stop or length");
     if (c->n_tokens > q->max_tokens || s->n_tokens > q->max_tokens ||
         (!c->keep_calls && c->n_tokens != s->n_tokens))
-        __builtin_trap();
+        broken("more completion tokens than max_tokens");
     if (s->finish && strcmp(s->finish, "length") == 0 && s->n_tokens != q->max_tokens)
-        __builtin_trap();
-    if (g->stream && s->stream_finishes != 1) __builtin_trap();
+        broken("finish length before max_tokens");
+    if (g->stream && s->stream_finishes != 1) broken("not one streamed finish_reason per choice");
     if (ans) {
         json_t *ch = json_array_get(json_object_get(ans, "choices"), (size_t)i);
         const char *fr = json_string_value(json_object_get(ch, "finish_reason"));
         if (!fr || (strcmp(fr, "stop") && strcmp(fr, "length") && strcmp(fr, "tool_calls")))
-            __builtin_trap();
+            broken("the answer's finish_reason is unknown");
         if (g->logprobs) {
             json_t *lp = json_object_get(ch, "logprobs");
             json_t *arr = g->chat ? json_object_get(lp, "content") : json_object_get(lp, "tokens");
             /* none at all when no token came */
-            if ((int)json_array_size(arr) != s->n_tokens) __builtin_trap();
+            if ((int)json_array_size(arr) != s->n_tokens) broken("logprobs and tokens differ in number");
             if (!g->chat && json_array_size(json_object_get(lp, "token_logprobs")) !=
                                 json_array_size(arr))
-                __builtin_trap();
+                broken("token_logprobs and tokens differ in number");
         }
     }
     if (s->overflow) return;
     for (int k = 0; k < q->n_stop; k++)
-        if (contains(s->text, s->len, q->stops[k])) __builtin_trap();
+        if (contains(s->text, s->len, q->stops[k])) broken("a stop string in the text");
     if (!q->gmask || c->keep_calls) return;
     /* whole unless a stop string or the end of turn may have cut it: look
      * in what the model said, the tokens decoded */
@@ -471,7 +479,7 @@ static void check_choice(const gen *g, const gen_req *q, int i, const seen *s,
         size_t rlen = 0;
         en_err err = {0};
         if (en_tokenizer_decode(g_tok, s->ids, (size_t)s->n_tokens, &raw, &rlen, &err) != EN_OK)
-            __builtin_trap();
+            broken("the tokens do not decode");
         for (int k = 0; k < q->n_stop && whole; k++) whole = !contains(raw, rlen, q->stops[k]);
         if (contains(raw, rlen, eot)) whole = 0;
         en_free(raw);
