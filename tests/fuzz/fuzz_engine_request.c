@@ -20,7 +20,8 @@
  * as long as the tokens; no stop string in the text; a grammar's text is
  * a possible start of the grammar, and a whole sentence of it when the
  * answer ended "stop" with no stop string or end-of-turn in what the model
- * said; every streamed chunk is JSON, with one finish_reason per choice.
+ * said; every streamed chunk is JSON, with one finish_reason per choice;
+ * no two tool calls of an answer are the same (issue 31).
  * To keep each input well under a second, max_tokens is capped at 16 and n
  * at 3 after parsing (the parser's own checks ran on the values asked);
  * with tools at 128 and 1, room for two calls, so that repeated and cut
@@ -457,11 +458,23 @@ static void check_choice(const gen *g, const gen_req *q, int i, const seen *s,
         const char *fr = json_string_value(json_object_get(ch, "finish_reason"));
         if (!fr || (strcmp(fr, "stop") && strcmp(fr, "length") && strcmp(fr, "tool_calls")))
             broken("the answer's finish_reason is unknown");
+        /* issue 31: a call that repeats an earlier one ends the answer
+         * and is dropped, so no two calls are the same */
+        json_t *calls = json_object_get(json_object_get(ch, "message"), "tool_calls");
+        for (size_t a = 0; a < json_array_size(calls); a++)
+            for (size_t b = 0; b < a; b++) {
+                json_t *fa = json_object_get(json_array_get(calls, a), "function");
+                json_t *fb = json_object_get(json_array_get(calls, b), "function");
+                if (json_equal(json_object_get(fa, "name"), json_object_get(fb, "name")) &&
+                    json_equal(json_object_get(fa, "arguments"), json_object_get(fb, "arguments")))
+                    broken("a repeated tool call was returned");
+            }
         if (g->logprobs) {
             json_t *lp = json_object_get(ch, "logprobs");
             json_t *arr = g->chat ? json_object_get(lp, "content") : json_object_get(lp, "tokens");
             /* none at all when no token came */
-            if ((int)json_array_size(arr) != s->n_tokens) broken("logprobs and tokens differ in number");
+            if ((int)json_array_size(arr) != s->n_tokens)
+                broken("logprobs and tokens differ in number");
             if (!g->chat && json_array_size(json_object_get(lp, "token_logprobs")) !=
                                 json_array_size(arr))
                 broken("token_logprobs and tokens differ in number");
