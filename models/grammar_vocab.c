@@ -15,9 +15,19 @@ en_status en_gvocab_for_tokenizer(const en_tokenizer *tok, en_gvocab **out, en_e
     size_t *lens = en_calloc((size_t)(V ? V : 1), sizeof *lens);
     en_status s = bytes && lens ? EN_OK : EN_ERR(err, EN_ERR_NOMEM, "grammar mask: out of memory");
     char buf[1024];
+    /* The unknown token is never part of a grammar's sentence, and its
+     * piece ("<unk>") is not what decoding prints: SentencePiece prints its
+     * unk surface, U+2047 between spaces, or, in models trained by some
+     * versions (tok512.model), that character's C escape spelt out as a
+     * backslash and octal digits. A mask that took it for "<unk>" let a
+     * json_object answer carry a backslash and a digit inside a string,
+     * which is not JSON (found by tests/fuzz/fuzz_engine_request.c). It
+     * gets no bytes, so no grammar allows it. */
+    const int32_t unk = en_tokenizer_unk(tok);
     for (int32_t i = 0; i < V && s == EN_OK; i++) {
         long n = en_tokenizer_token_bytes(tok, i, buf, sizeof buf);
-        if (n <= 0 || n > (long)sizeof buf || en_tokenizer_is_special(tok, i)) continue;
+        if (n <= 0 || n > (long)sizeof buf || en_tokenizer_is_special(tok, i) || i == unk)
+            continue;
         bytes[i] = en_malloc((size_t)n);
         if (!bytes[i]) {
             s = EN_ERR(err, EN_ERR_NOMEM, "grammar mask: out of memory");

@@ -98,6 +98,36 @@ int tools_mask(en_server *srv, const tool_req *t, en_gmask **out, oa_err *e) {
     return rc;
 }
 
+int tools_repeat(const tool_req *t, const char *text, size_t len, const char *piece,
+                 size_t piece_len) {
+    /* A call closes with "</tool_call>" (hermes, default) or '}' / ']'
+     * (llama3, mistral): without one of them no new call is whole. */
+    const char *close = t->fmt == EN_TOOLS_DEFAULT || t->fmt == EN_TOOLS_HERMES ? ">" : "}]";
+    size_t k = 0;
+    while (k < piece_len && !strchr(close, piece[k])) k++;
+    if (k == piece_len || !text) return 0;
+    json_t *calls = NULL;
+    size_t clen;
+    /* cut = 1: a block still waiting for its </tool_call> is not whole */
+    int n = en_chat_tools_parse(t->fmt, text, len, 1, &calls, &clen), keep = 0;
+    for (int i = 1; i < n && !keep; i++) {
+        const json_t *a = json_array_get(calls, (size_t)i);
+        for (int j = 0; j < i && !keep; j++) {
+            const json_t *b = json_array_get(calls, (size_t)j);
+            /* arguments are en_chat_tools_parse's dumps of the parsed
+             * objects: equal texts are equal JSON with the keys in the
+             * same order, whatever the white space was */
+            if (strcmp(json_string_value(json_object_get(a, "name")),
+                       json_string_value(json_object_get(b, "name"))) == 0 &&
+                strcmp(json_string_value(json_object_get(a, "arguments")),
+                       json_string_value(json_object_get(b, "arguments"))) == 0)
+                keep = i;
+        }
+    }
+    json_decref(calls);
+    return keep;
+}
+
 static void random_id(char *out, size_t n, en_rng *rng) {
     static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     for (size_t i = 0; i < n; i++) out[i] = al[en_rng_below(rng, sizeof al - 1)];

@@ -39,6 +39,18 @@ int tools_active(const tool_req *t);
  * reference the caller releases). NULL otherwise. */
 int tools_mask(en_server *srv, const tool_req *t, en_gmask **out, oa_err *e);
 
+/* A model asked for calls may call the same function with the same
+ * arguments again and again until max_tokens (SmolLM2 does, under a
+ * required call's grammar, which allows any number of calls). Given the
+ * text of an answer so far and `piece`, the part of it that just came:
+ * when a whole call in it repeats an earlier whole call of the same
+ * answer exactly (same name, same arguments JSON), the number of calls
+ * before the repeat, the ones to keep (>= 1); else 0. Cheap when piece
+ * cannot have closed a call (no '>', '}' or ']'), so it can run on every
+ * token. */
+int tools_repeat(const tool_req *t, const char *text, size_t len, const char *piece,
+                 size_t piece_len);
+
 /* Calls from en_chat_tools_parse into OpenAI's "tool_calls": each gets an
  * id ("call_" and 24 letters and digits; mistral's templates take exactly
  * 9) and "type": "function". Steals calls. */

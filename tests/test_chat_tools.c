@@ -378,9 +378,39 @@ static void check_parse_and_hold(void) {
           !calls && clen == strlen(broken), "a call that does not parse is content");
     const char *cut = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n"
                       "<tool_call>\n{\"name\": \"f\", \"argu";
-    CHECK(en_chat_tools_parse(EN_TOOLS_HERMES, cut, strlen(cut), 0, &calls, &clen) == 0);
+    CHECK(en_chat_tools_parse(EN_TOOLS_HERMES, cut, strlen(cut), 0, &calls, &clen) == 1,
+          "a broken last block: the whole call before it is kept");
+    json_decref(calls);
     CHECK(en_chat_tools_parse(EN_TOOLS_HERMES, cut, strlen(cut), 1, &calls, &clen) == 1,
           "cut short: the whole call is kept");
+    json_decref(calls);
+    /* issue 31: two whole calls and a third cut anywhere, even inside its
+     * "<tool_call>", or followed by text: the two whole calls */
+    const char *two = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+                      "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>";
+    const char *tails[] = {"\n<tool_c", "\n<tool_call>\n{\"name\": \"f\", \"a",
+                           "\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>", "\nDone.",
+                           "\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_c"};
+    for (size_t t = 0; t < sizeof tails / sizeof *tails; t++) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s%s", two, tails[t]);
+        for (int c = 0; c < 2; c++) {
+            int k = en_chat_tools_parse(EN_TOOLS_HERMES, buf, strlen(buf), c, &calls, &clen);
+            CHECK(k == 2 && clen == 0 &&
+                      strcmp(json_string_value(json_object_get(json_array_get(calls, 1),
+                                                               "name")), "g") == 0,
+                  "two whole calls then tail %zu (cut %d): %d calls", t, c, k);
+            json_decref(calls);
+        }
+    }
+    const char *ms = "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", "
+                     "\"arguments\": {\"x\": [1, ";
+    CHECK(en_chat_tools_parse(EN_TOOLS_MISTRAL, ms, strlen(ms), 1, &calls, &clen) == 1,
+          "mistral cut inside its second call: the first");
+    json_decref(calls);
+    const char *l3 = "{\"name\": \"f\", \"parameters\": {}}; {\"name\": 3}";
+    CHECK(en_chat_tools_parse(EN_TOOLS_LLAMA3, l3, strlen(l3), 0, &calls, &clen) == 1,
+          "llama3 with a broken second call: the first");
     json_decref(calls);
     const char *plain = "No tools needed.";
     CHECK(en_chat_tools_parse(EN_TOOLS_LLAMA3, plain, strlen(plain), 0, &calls, &clen) == 0);

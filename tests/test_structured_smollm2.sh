@@ -10,7 +10,9 @@
 #     equal their answers alone;
 #   - tests/serve/tools.py's round trip: two functions, tool_choice required
 #     -> a call whose arguments validate; the call and its result -> a final
-#     answer; streamed -> the same call; named, parallel and none.
+#     answer; streamed -> the same call; named, parallel and none; with
+#     parallel calls allowed, a repeated call ends the answer after one call
+#     instead of six identical ones cut by max_tokens (issue 31).
 # Needs ~/.cache/energon/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (made by
 # ../shared/models/smollm2/get.sh); skipped (exit 77) with a message without
 # it, without the test venv, or in a sanitizer build.
@@ -66,6 +68,7 @@ import common, tools
 c = common.openai_client()
 tools.round_trip(c, "smollm2", "SmolLM2 (default format)")
 tools.named_parallel_none(c)
+tools.no_repeat_loop(c, "smollm2", "SmolLM2")
 raise SystemExit(common.finish("tools on SmolLM2"))') || rc=1
 kill -TERM "$SPID"; wait "$SPID"; SPID=
 [ $rc = 0 ] && echo "test_structured_smollm2: passed" || { echo "test_structured_smollm2: FAILED"; tail -5 "$T/serve.log"; }

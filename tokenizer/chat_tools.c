@@ -360,6 +360,11 @@ static const char *find(const char *s, size_t n, const char *what) {
     return NULL;
 }
 
+/* Whole calls are kept whatever follows them: the first block that is cut
+ * off, does not parse, or has more than white space before it ends the
+ * calls there (a model that trails off mid-call, or repeats itself into
+ * max_tokens, loses only the broken tail). Only a first block that does
+ * not parse makes the answer plain content. */
 static int parse_hermes(const char *text, size_t len, int cut, json_t *calls,
                         size_t *content_len) {
     const char *p = find(text, len, OPEN), *end = text + len;
@@ -373,44 +378,65 @@ static int parse_hermes(const char *text, size_t len, int cut, json_t *calls,
         json_t *o = json_loadb(body, (size_t)(stop - body), 0, NULL);
         json_t *c = call_of(o);
         json_decref(o);
-        if (!c) return 0;
+        if (!c) break; /* a broken block: the calls before it stand */
         json_array_append_new(calls, c);
         if (!close) break;
         const char *next = close + strlen(CLOSE);
         p = find(next, (size_t)(end - next), OPEN);
         for (const char *q = next; q < (p ? p : end); q++) /* only space between calls */
-            if (!is_space(*q)) return 0;
+            if (!is_space(*q)) return 1;
     }
     return 1;
 }
 
+/* The call objects of a JSON array from s[0..n) (mistral), element by
+ * element so that the whole ones before a cut or broken one stand; *used
+ * := the bytes read. */
+static void parse_call_array(const char *s, size_t n, json_t *calls, size_t *used) {
+    size_t at = 1; /* past '[' */
+    *used = n;
+    for (;;) {
+        while (at < n && is_space(s[at])) at++;
+        if (at < n && s[at] == ']') {
+            *used = at + 1;
+            return;
+        }
+        json_error_t je;
+        json_t *v = at < n ? json_loadb(s + at, n - at, JSON_DISABLE_EOF_CHECK, &je) : NULL;
+        json_t *c = call_of(v);
+        json_decref(v);
+        if (!c) return;
+        json_array_append_new(calls, c);
+        at += je.position;
+        while (at < n && is_space(s[at])) at++;
+        if (at < n && s[at] == ',') at++;
+        else if (!(at < n && s[at] == ']')) return;
+    }
+}
+
 /* Calls as successive JSON values from text: an array of call objects
- * (mistral) or objects separated by ';' (llama3). */
+ * (mistral) or objects separated by ';' (llama3). A value that does not
+ * parse ends the calls, keeping those before it. */
 static int parse_json_calls(const char *s, size_t n, json_t *calls) {
     size_t at = 0;
     while (at < n) {
         while (at < n && (is_space(s[at]) || s[at] == ';')) at++;
         if (at == n) break;
+        size_t had = json_array_size(calls);
+        if (s[at] == '[') {
+            size_t used;
+            parse_call_array(s + at, n - at, calls, &used);
+            if (json_array_size(calls) == had) break;
+            at += used;
+            continue;
+        }
         json_error_t je;
         json_t *v = json_loadb(s + at, n - at, JSON_DISABLE_EOF_CHECK, &je);
-        if (!v) return 0;
-        at += je.position;
-        size_t k;
-        json_t *item;
-        int ok = 1;
-        if (json_is_array(v)) {
-            json_array_foreach(v, k, item) {
-                json_t *c = call_of(item);
-                if (!c) ok = 0;
-                else json_array_append_new(calls, c);
-            }
-        } else {
-            json_t *c = call_of(v);
-            if (!c) ok = 0;
-            else json_array_append_new(calls, c);
-        }
+        json_t *c = call_of(v);
         json_decref(v);
-        if (!ok) return 0;
+        if (!c) break;
+        json_array_append_new(calls, c);
+        at += je.position;
     }
     return json_array_size(calls) > 0;
 }

@@ -70,12 +70,16 @@ en_status en_chat_tools_prepare(en_tool_format f, const json_t *msgs, const json
                                 en_err *err);
 
 /* The calls in an answer of format f. Returns the number of calls (0: the
- * answer is plain content, *calls NULL; also when a call does not parse).
- * cut: the answer was cut short (max_tokens), and an unfinished last
- * <tool_call> block after whole ones is dropped rather than spoiling them;
- * *calls := a new array of {"name": NAME, "arguments": JSON TEXT}, and
- * *content_len := the length of the content before the first call,
- * trailing white space dropped. */
+ * answer is plain content, *calls NULL; also when the first call does not
+ * parse). Whole calls are returned whatever follows them: the first block
+ * (hermes), array element (mistral) or object (llama3) that is cut off or
+ * does not parse, or text after a call, ends the calls and is dropped.
+ * cut: the answer was cut short (max_tokens), so a last <tool_call> block
+ * without its </tool_call> is dropped even when its JSON happens to parse
+ * (without cut such a block counts: a stop string may have taken the
+ * close). *calls := a new array of {"name": NAME, "arguments": JSON
+ * TEXT}, and *content_len := the length of the content before the first
+ * call, trailing white space dropped. */
 int en_chat_tools_parse(en_tool_format f, const char *text, size_t len, int cut,
                         json_t **calls, size_t *content_len);
 

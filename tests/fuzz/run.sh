@@ -8,6 +8,8 @@
 # lines, paths relative to the repository root:
 #   // fuzz-sources: tokenizer/jinja.c common/status.c ...
 #   // fuzz-libs: -ljansson -lonig
+#   // fuzz-cflags: -fopenmp     (optional: more flags for its C sources;
+#                                  @ROOT@ stands for the repository root)
 # A source ending in .cpp (tokenizer/tokenizer_spm.cpp) is compiled apart with
 # clang++ (C++17, the same sanitizers) and linked in with libstdc++.
 # Its seed corpus is tests/fuzz/corpus/NAME/ (valid inputs made by the tests'
@@ -47,6 +49,8 @@ for t in "${targets[@]}"; do
     [ -f "$src" ] || { echo "fuzz: no target $src" >&2; exit 1; }
     srcs=$(sed -n 's|^// fuzz-sources:||p' "$src")
     libs=$(sed -n 's|^// fuzz-libs:||p' "$src")
+    xflags=$(sed -n 's|^// fuzz-cflags:||p' "$src")
+    xflags=${xflags//@ROOT@/$ROOT}
     cflags=$(pkg-config --cflags jansson oniguruma libutf8proc 2>/dev/null || true)
     bin="$OUT/fuzz_$t"
     abs=()
@@ -68,7 +72,7 @@ for t in "${targets[@]}"; do
     done
     [ ${#cxx[@]} -eq 0 ] || libs="$libs -lstdc++ -fsanitize-link-c++-runtime"
     # -O1 -g: libFuzzer's recommended flags; _GNU_SOURCE as the main build.
-    "$CC" -std=c11 -O1 -g -D_GNU_SOURCE -DEN_FUZZING=1 -I"$ROOT" $cflags \
+    "$CC" -std=c11 -O1 -g -D_GNU_SOURCE -DEN_FUZZING=1 -I"$ROOT" $cflags $xflags \
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
         -o "$bin" "$src" "${abs[@]}" $libs -lm
     work="$OUT/corpus_$t"; mkdir -p "$work"

@@ -14,6 +14,10 @@
     Mistral v0.3 (mistral) given to a second server with --chat-template,
     the same holds in each format (mistral's ids are 9 characters, as its
     template demands);
+  - a required call that repeats an earlier one of the answer ends it
+    there (one call, finish "tool_calls", the repeat never streamed), and
+    an answer cut by max_tokens anywhere in its third call returns its two
+    whole calls (issue 31);
   - bad input is a 400 naming the field, and the server keeps answering.
 The model is the suite's, served by a server of this script's own whose
 copy of the model's config allows 2048 positions (the tools' descriptions
@@ -183,6 +187,112 @@ def mixed_batch(client):
           short(bad, 160))
 
 
+# issue 31: a function whose only call the grammar fixes (so every second
+# call is a repeat of the first), and one whose argument varies.
+PING = {"type": "function", "function": {
+    "name": "ping", "description": "Ping.",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string", "enum": ["a"]}},
+                   "required": ["x"], "additionalProperties": False}}}
+PICK = {"type": "function", "function": {
+    "name": "pick", "description": "Pick a number.",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
+                   "required": ["n"], "additionalProperties": False}}}
+
+
+def raw_text(choice):
+    """The answer's text as generated, from its log-probabilities' tokens."""
+    return "".join(e.token for e in choice.logprobs.content)
+
+
+def repeated_calls(client):
+    """tool_choice required with parallel calls allowed: after a call the
+    grammar lets the model call again or stop, and a call that repeats an
+    earlier one exactly ends the answer (finish "tool_calls", one call),
+    streamed or not, instead of repeating until max_tokens."""
+    kw = dict(model=MODEL, messages=ASK, tools=[PING], tool_choice="required",
+              temperature=1.0, max_tokens=400, logprobs=True)
+    repeats = 0
+    for seed in range(8):
+        r = client.chat.completions.create(seed=seed, **kw)
+        ch = r.choices[0]
+        calls = ch.message.tool_calls or []
+        # the raw text shows whether the model started a second call
+        repeats += raw_text(ch).count("<tool_call>") > 1
+        check(len(calls) == 1 and ch.finish_reason == "tool_calls" and
+              calls[0].function.name == "ping" and
+              json.loads(calls[0].function.arguments) == {"x": "a"},
+              f"seed {seed}: a repeated call ends the answer after one call",
+              f"{len(calls)} calls, {ch.finish_reason}, "
+              f"{r.usage.completion_tokens} tokens")
+        got, fr, content = reassemble(client.chat.completions.create(
+            seed=seed, stream=True, **{k: v for k, v in kw.items() if k != "logprobs"}))
+        check(len(got) == 1 and fr == "tool_calls" and not content.strip() and
+              json.loads(got[0]["arguments"]) == {"x": "a"},
+              f"seed {seed} streamed: one call, the repeat never sent", f"{fr}, {short(got)}")
+    check(repeats > 0, "the model did repeat its call (else the checks above prove nothing)",
+          f"{repeats} of 8")
+
+
+def no_repeat_loop(client, model, tag):
+    """The case of issue 31 on SmolLM2: tool_choice required with parallel
+    calls allowed (the default) made it repeat its call until max_tokens (6
+    identical calls, finish "length"); the repeat now ends the answer: one
+    call, finish "tool_calls", streamed or not."""
+    kw = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
+              temperature=0, max_tokens=256, seed=3)
+    r = client.chat.completions.create(**kw)
+    ch = r.choices[0]
+    calls = ch.message.tool_calls or []
+    check(len(calls) == 1 and ch.finish_reason == "tool_calls" and valid_calls(calls) is None
+          and r.usage.completion_tokens < 256,
+          f"{tag}: parallel calls allowed, a repeated call ends the answer: one call",
+          f"{len(calls)} calls, {ch.finish_reason}, {r.usage.completion_tokens} tokens")
+    got, fr, content = reassemble(client.chat.completions.create(stream=True, **kw))
+    check(len(got) == 1 and fr == "tool_calls" and not content.strip() and calls and
+          json.loads(got[0]["arguments"]) == json.loads(calls[0].function.arguments),
+          f"{tag}: streamed, the same one call", f"{fr}, {short(got)}")
+
+
+def cut_third_call(client):
+    """An answer of three or more different calls, cut by max_tokens anywhere
+    in its third <tool_call> block (inside the marker too): the two whole
+    calls, finish "length", streamed or not."""
+    kw = dict(model=MODEL, messages=ASK, tools=[PICK], tool_choice="required",
+              temperature=1.0)
+    for seed in range(40):
+        r = client.chat.completions.create(seed=seed, max_tokens=400, logprobs=True, **kw)
+        ch = r.choices[0]
+        if len(ch.message.tool_calls or []) >= 3:
+            break
+    else:
+        check(False, "an answer of three different calls among 40 seeds")
+        return
+    want = [(c.function.name, json.loads(c.function.arguments))
+            for c in ch.message.tool_calls[:2]]
+    toks = [e.token for e in ch.logprobs.content]
+    text, ends = "", []
+    for k, t in enumerate(toks):
+        text += t
+        if text.count("</tool_call>") > len(ends):
+            ends.append(k + 1)  # tokens up to and with the close
+    bad = []
+    for m in range(ends[1] + 1, ends[2]):
+        r = client.chat.completions.create(seed=seed, max_tokens=m, **kw)
+        c = r.choices[0]
+        got = [(x.function.name, json.loads(x.function.arguments))
+               for x in c.message.tool_calls or []]
+        if got != want or c.finish_reason != "length":
+            bad.append((m, len(got), c.finish_reason, short(c.message.content, 40)))
+    check(not bad, f"seed {seed}: cut at each of the {ends[2] - ends[1] - 1} tokens of the "
+          "third call: its two whole calls, finish length", short(bad, 200))
+    m = (ends[1] + ends[2]) // 2
+    got, fr, content = reassemble(client.chat.completions.create(
+        seed=seed, max_tokens=m, stream=True, **kw))
+    check([(g["name"], json.loads(g["arguments"])) for g in got] == want and fr == "length"
+          and not content.strip(), "streamed, cut in the third call: the two whole calls",
+          f"{fr}, {short(got)}")
+
+
 def bad_input():
     base = {"model": MODEL, "messages": ASK, "max_tokens": 8}
     call = {"id": "call_1", "type": "function",
@@ -274,6 +384,8 @@ def run(client):
     round_trip(client, MODEL, "default format")
     named_parallel_none(client)
     mixed_batch(client)
+    repeated_calls(client)
+    cut_third_call(client)
     bad_input()
     formats()
     note(f"SLOW={SLOW}")
