@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,9 @@ typedef struct sbuf {
 } sbuf;
 
 static void sb_reserve(sbuf *b, size_t extra) {
+    /* Bound: with n and extra at most SIZE_MAX / 8 the doubling below stays
+     * under 2 * (n + extra + 1) and cannot wrap; a report is far smaller. */
+    if (!b->oom && (extra > SIZE_MAX / 8 || b->n > SIZE_MAX / 8)) b->oom = 1;
     if (b->oom || b->n + extra + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->n + extra + 1) cap *= 2;

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,10 @@ json_t *oa_json_string_lossy(const char *s, size_t len) {
 /* ---- buffers ---- */
 
 int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    /* Bound: with len and n at most SIZE_MAX / 8, need = len + n + 1 and the
+     * capacity below stays under 2 * need, so neither sum nor doubling wraps
+     * (callers cap bodies and answers far below this). */
+    if (n > SIZE_MAX / 8 || *len > SIZE_MAX / 8) return 0;
     if (*len + n + 1 > *cap) {
         size_t nc = *cap ? *cap * 2 : 1024;
         while (nc < *len + n + 1) nc *= 2;

@@ -428,12 +428,20 @@ else
             bad "--lora-rank over --max-lora-rank: exit $rc, $(tail -1 "$T/ho5.log")"
         fi
         # (e) the name taken while the run trains (after the dry run): the
-        # final load's 409, exit 1, the adapter kept
-        ( for _ in $(seq 1 600); do [ -d "$T/served/ho6" ] && break; sleep 0.05; done
+        # final load's 409, exit 1, the adapter kept. The run is long (200
+        # steps) and the name is taken once its first step is logged, so
+        # that the taker always comes first (with 3 steps the run sometimes
+        # ended before the taker's load, and exited 0).
+        HO6=("${HO[@]}")
+        for k in "${!HO6[@]}"; do [ "${HO6[$k]}" = --steps ] && HO6[$((k + 1))]=200; done
+        ( for _ in $(seq 1 1200); do
+              [ -s "$T/served/ho6/metrics.jsonl" ] && break
+              sleep 0.05
+          done
           curl -s -H "Authorization: Bearer $KEY" -d '{"name":"ho6","path":"ho1"}' \
               "$SURL/v1/adapters" >/dev/null ) &
         taker=$!
-        "$ENERGON" "${HO[@]}" --out "$T/served/ho6" --serve-url "$SURL" >"$T/ho6.log" 2>&1
+        "$ENERGON" "${HO6[@]}" --out "$T/served/ho6" --serve-url "$SURL" >"$T/ho6.log" 2>&1
         rc=$?
         wait "$taker"
         if [ "$rc" -eq 1 ] && grep -q "refused the adapter (409" "$T/ho6.log" &&
