@@ -85,6 +85,8 @@ typedef enum http_route {
  * HTTP_TICK_S, so that hang-ups and shutdown are noticed while nothing
  * else happens. */
 #define HTTP_TICK_S 0.1
+/* least time between two looks at a waiting request's client socket */
+#define HTTP_CHECK_S 0.05
 #define HTTP_MAX_CONNECTIONS 65536 /* --max-connections' upper bound */
 typedef struct http_waiter {
     pthread_mutex_t mu;

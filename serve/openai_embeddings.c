@@ -18,7 +18,6 @@
 /* Inputs queued in the engine at once (a long list goes through in waves,
  * so that one request never fills the waiting queue by itself). */
 #define IN_FLIGHT 32
-#define CHECK_S 0.05 /* least time between two checks of the client's socket */
 
 /* A request's state while its inputs run: parsed and first submitted on
  * the offload thread, then driven by engine events on the connection's
@@ -116,7 +115,7 @@ static enum MHD_Result emb_continue(http_req *r) {
     while (u->done < u->job.n) {
         http_waiter_begin(&u->wait);
         double now = en_time_now();
-        if (now - u->last_check >= CHECK_S) {
+        if (now - u->last_check >= HTTP_CHECK_S) {
             u->last_check = now;
             if (srv_stopping(r->srv)) {
                 oa_fail(&e, 503, NULL, NULL,

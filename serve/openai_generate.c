@@ -29,8 +29,6 @@
 #include "http_impl.h"
 #include "tools.h"
 
-#define WAIT_S 0.05 /* least time between two checks of the client's socket */
-
 enum { PHASE_START = 0, PHASE_RUN, PHASE_END };
 
 static void cancel_all(gen *g) {
@@ -43,7 +41,7 @@ static void cancel_all(gen *g) {
  * the client hung up or the server stops (everything is cancelled then). */
 static int next_event(gen *g, int *which, en_gen_event *ev) {
     double now = en_time_now();
-    if (now - g->last_check >= WAIT_S) {
+    if (now - g->last_check >= HTTP_CHECK_S) {
         g->last_check = now;
         if (http_client_gone(g->conn) || srv_stopping(g->srv)) {
             cancel_all(g);
